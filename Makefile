@@ -1,0 +1,37 @@
+# `make demo` and `make test` set up .venv from scratch when needed; nothing is installed by hand.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch that lies on these machines; override for a CUDA machine, e.g. TORCH_SPEC=torch.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stepwatch-installed
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/python examples/train_small.py
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks scripts examples
+	$(BIN)/ruff format --check src tests benchmarks scripts examples
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,80 @@
+"""stepwatch: where each training step's time goes.
+
+    import stepwatch
+    stepwatch.enable()                          # or run with STEPWATCH=1
+    for batch in stepwatch.timed_iter(loader):  # the wait -> "loader", the body -> "step"
+        with stepwatch.timed("forward"):
+            ...
+        stepwatch.count(samples=len(batch))
+    print(stepwatch.report())
+
+The module-level functions use one default :class:`Stopwatch`; create more for independent recordings.
+"""
+
+from __future__ import annotations
+
+from ._config import ConfigError, enabled_from_env, out_from_env
+from ._recorder import Stopwatch
+from ._render import FORMATS
+from ._saved import FormatError, load_summary
+from ._summary import PhaseSummary, StageStats, Summary
+
+__all__ = [
+    "ConfigError",
+    "FormatError",
+    "PhaseSummary",
+    "StageStats",
+    "Stopwatch",
+    "Summary",
+    "__version__",
+    "count",
+    "disable",
+    "enable",
+    "is_enabled",
+    "load",
+    "load_state_dict",
+    "render",
+    "report",
+    "reset",
+    "save",
+    "state_dict",
+    "summary",
+    "timed",
+    "timed_iter",
+]
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("stepwatch")
+except Exception:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+_default = Stopwatch()
+
+enable = _default.enable
+disable = _default.disable
+is_enabled = _default.is_enabled
+timed = _default.timed
+timed_iter = _default.timed_iter
+count = _default.count
+report = _default.report
+summary = _default.summary
+save = _default.save
+reset = _default.reset
+state_dict = _default.state_dict
+load_state_dict = _default.load_state_dict
+load = load_summary
+
+
+def render(run: Summary, format: str = "text") -> str:
+    """Render a summary in one of the registered formats: ``text``, ``tsv`` (per measurement) or ``json``."""
+    try:
+        renderer = FORMATS[format]
+    except KeyError:
+        raise ValueError(f"unknown format {format!r}; choose from {', '.join(FORMATS)}") from None
+    return renderer.render(run)
+
+
+if enabled_from_env():
+    _default.enable(out=out_from_env())

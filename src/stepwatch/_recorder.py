@@ -1,0 +1,553 @@
+"""Recording: the :class:`Stopwatch`, its timed blocks and timed iterators.
+
+The hot path is kept to a few attribute reads, two clock reads and two list appends per block. Durations go
+into per-stage buffers that are folded into exact running statistics every ``_FOLD`` measurements (the folding
+loops run in C), so memory stays bounded however long the run. Open blocks live on a per-thread stack of
+frames, so the same stage name can nest and threads never collide.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._stats import DEFAULT_WINDOW, RunningStats
+from ._summary import OTHER, PhaseSummary, StageStats, Summary
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_FOLD = 1024
+"""Measurements buffered per stage before they are folded into the running statistics."""
+
+DEFAULT_PHASE = "train"
+STATE_VERSION = 1
+
+
+class _Node:
+    """One stage in the hierarchy of one phase: its buffers, statistics and children by name."""
+
+    __slots__ = ("buf", "children", "other_buf", "other_stats", "path", "stats")
+
+    def __init__(self, path: str, window: int) -> None:
+        self.path = path
+        self.children: dict[str, _Node] = {}
+        self.buf: list[int] = []
+        self.other_buf: list[int] = []
+        self.stats = RunningStats(window=window)
+        self.other_stats = RunningStats(window=window)
+
+    def child_path(self, name: str) -> str:
+        return f"{self.path}/{name}" if self.path else name
+
+
+class _Phase:
+    """Recording state of one phase (``train``, ``val``, ...)."""
+
+    __slots__ = ("counters", "loop_ns", "name", "root", "schedule_pos", "steps")
+
+    def __init__(self, name: str, window: int) -> None:
+        self.name = name
+        self.root = _Node("", window)
+        self.counters: dict[str, float] = {}
+        self.loop_ns = 0
+        self.steps = 0
+        self.schedule_pos = 0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Which steps are measured: skip ``warmup`` steps of each timed iterator, then measure ``active`` steps
+    in every period of ``every`` steps (``active=None``: measure everything; ``every=None``: one window)."""
+
+    warmup: int = 0
+    active: int | None = None
+    every: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("warmup", "active", "every"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
+        if self.every is not None:
+            if self.active is None:
+                raise ValueError("every needs active: measure `active` steps out of every `every`")
+            if self.every < max(self.active, 1):
+                raise ValueError(f"every ({self.every}) must be at least active ({self.active}) and positive")
+
+    def measures(self, position: int) -> bool:
+        """Whether the step at ``position`` (counted after warm-up) is measured."""
+        if self.active is None:
+            return True
+        if self.every is None:
+            return position < self.active
+        return position % self.every < self.active
+
+
+class _Block:
+    """A timed block for one stage name; reused for every call, so entering allocates one small list."""
+
+    __slots__ = ("_clock", "_name", "_sw")
+
+    def __init__(self, stopwatch: Stopwatch, name: str) -> None:
+        self._sw = stopwatch
+        self._name = name
+        self._clock = stopwatch._clock
+
+    def __enter__(self) -> None:
+        sw = self._sw
+        if sw._measuring:
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                stack = sw._thread_stack()
+            parent = stack[-1][0]
+            node = parent.children.get(self._name)
+            if node is None:
+                node = sw._add_child(parent, self._name)
+            stack.append([node, self._clock(), 0, self])
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        sw = self._sw
+        if sw._hot:
+            end = self._clock()
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                return
+            frame = stack[-1]
+            if frame[3] is self:
+                del stack[-1]
+                elapsed = end - frame[1]
+                stack[-1][2] += elapsed
+                node = frame[0]
+                node.buf.append(elapsed)
+                node.other_buf.append(elapsed - frame[2])
+                if len(node.buf) >= _FOLD:
+                    sw._fold(node)
+
+    def __call__(self, func: F) -> F:
+        """Use as a decorator: every call of ``func`` is timed under this stage."""
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"<stepwatch timed block {self._name!r}>"
+
+
+class Stopwatch:
+    """Records where a training loop's time goes.
+
+    Args:
+        warmup: steps skipped at the start of each timed iterator (each epoch warms up again).
+        active: steps measured after warm-up; ``None`` measures every step.
+        every: with ``active``, measure ``active`` steps out of every ``every`` steps.
+        window: recent measurements kept per stage for percentiles and the per-measurement export.
+        clock: a nanosecond clock; tests inject a controllable one.
+
+    Off until :meth:`enable` is called. The module-level functions of ``stepwatch`` use one default instance;
+    separate instances are independent.
+    """
+
+    def __init__(
+        self,
+        *,
+        warmup: int = 0,
+        active: int | None = None,
+        every: int | None = None,
+        window: int = DEFAULT_WINDOW,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.schedule = Schedule(warmup, active, every)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+        self.window = window
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._blocks: dict[str, _Block] = {}
+        self._enabled = False
+        self._in_window = True
+        self._measuring = False
+        self._hot = False
+        self._iter_depth = 0
+        self.out: str | None = None
+        self._phases: dict[str, _Phase] = {}
+        self._stacks: list[list[list[Any]]] = []
+        self._local = threading.local()
+        self._started_wall: float | None = None
+        self._session_start_ns = 0
+        self._elapsed_before_ns = 0
+        self._devices_before: list[str] = []
+        self._reset_state()
+
+    # -- switching ---------------------------------------------------------------------------------------
+
+    def enable(self, out: str | os.PathLike[str] | None = None) -> None:
+        """Start recording. With ``out``, the run is also saved there at exit, on an uncaught exception and
+        on SIGTERM/SIGINT."""
+        with self._lock:
+            if self._started_wall is None:
+                self._started_wall = time.time()
+                self._session_start_ns = self._clock()
+            self._enabled = True
+            self._update_flags()
+        if out is not None:
+            from ._autosave import install
+
+            self.out = os.fspath(out)
+            install(self)
+
+    def disable(self) -> None:
+        """Stop recording. What was recorded is kept; blocks still open are dropped, not half-counted."""
+        with self._lock:
+            self._enabled = False
+            self._update_flags()
+            for stack in self._stacks:
+                del stack[1:]
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def reset(self) -> None:
+        """Forget everything recorded; the switch, the schedule and the autosave path stay."""
+        with self._lock:
+            for stack in self._stacks:
+                del stack[1:]
+            self._reset_state()
+            if self._enabled:
+                self._started_wall = time.time()
+                self._session_start_ns = self._clock()
+
+    def _reset_state(self) -> None:
+        self._phases = {}
+        self._stacks = []
+        self._local = threading.local()
+        self._started_wall = None
+        self._session_start_ns = 0
+        self._elapsed_before_ns = 0
+        self._devices_before = []
+        self._iter_depth = 0
+        self._in_window = True
+        self._update_flags()
+
+    def _update_flags(self) -> None:
+        self._measuring = self._enabled and self._in_window
+        self._hot = self._enabled
+
+    # -- recording ---------------------------------------------------------------------------------------
+
+    def timed(self, stage: str) -> _Block:
+        """Time a block as ``with sw.timed("forward"):`` or decorate a function with ``@sw.timed("x")``.
+
+        Blocks nest: a block opened inside another (or inside a :meth:`timed_iter` body) is its child, and the
+        parent's uncovered time shows as ``<parent>/other``.
+        """
+        block = self._blocks.get(stage)
+        if block is None:
+            _check_name(stage, "stage")
+            block = self._blocks.setdefault(stage, _Block(self, stage))
+        return block
+
+    def timed_iter(
+        self, iterable: Iterable[T], stage: str = "loader", body: str = "step", phase: str | None = None
+    ) -> Iterator[T]:
+        """Iterate ``iterable``, timing the wait for each item under ``stage`` and the loop body under ``body``.
+
+        The outermost timed iterator defines the steps that the schedule counts and the phase (default
+        ``train``); pass ``phase="val"`` for a validation loop. A loop started while the stopwatch is off is
+        the plain iterator and costs nothing.
+        """
+        _check_name(stage, "stage")
+        _check_name(body, "body")
+        if phase is not None:
+            _check_name(phase, "phase")
+        if not self._enabled:
+            return iter(iterable)
+        return self._iterate(iterable, stage, body, phase)
+
+    def _iterate(self, iterable: Iterable[T], stage: str, body: str, phase_name: str | None) -> Iterator[T]:
+        clock = self._clock
+        stack = self._thread_stack()
+        local = self._local
+        outer = self._iter_depth == 0
+        self._iter_depth += 1
+        own_phase = outer or phase_name is not None
+        previous_phase = getattr(local, "phase", DEFAULT_PHASE)
+        phase = self._phase(phase_name or (DEFAULT_PHASE if outer else previous_phase))
+        root_frame: list[Any] | None = None
+        if own_phase:
+            root_frame = [phase.root, 0, 0, None]
+            stack.append(root_frame)
+            local.phase = phase.name
+        parent = stack[-1][0]
+        wait_node = parent.children.get(stage) or self._add_child(parent, stage)
+        body_node = parent.children.get(body) or self._add_child(parent, body)
+        schedule = self.schedule
+        loop_phase = phase if own_phase else None
+        iterator = iter(iterable)
+        index = 0
+        wait_frame: list[Any] | None = None
+        body_frame: list[Any] | None = None
+        try:
+            while True:
+                now = clock()
+                if body_frame is not None:
+                    frame, body_frame = body_frame, None
+                    self._close_frame(stack, frame, now, loop_phase)
+                if outer:
+                    in_window = index >= schedule.warmup and schedule.measures(phase.schedule_pos)
+                    if in_window != self._in_window:
+                        self._in_window = in_window
+                        self._update_flags()
+                if self._measuring:
+                    wait_frame = [wait_node, now, 0, None]
+                    stack.append(wait_frame)
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    if wait_frame is not None:
+                        _pop_frame(stack, wait_frame)  # the end of the data is not a wait
+                        wait_frame = None
+                    return
+                ready = clock()
+                if outer and index >= schedule.warmup:
+                    phase.schedule_pos += 1
+                index += 1
+                if wait_frame is not None:
+                    frame, wait_frame = wait_frame, None
+                    self._close_frame(stack, frame, ready, loop_phase)
+                    if loop_phase is not None:
+                        loop_phase.steps += 1
+                    body_frame = [body_node, ready, 0, None]
+                    stack.append(body_frame)
+                yield item
+        finally:
+            end = clock()
+            for open_frame in (wait_frame, body_frame):  # an exception in next() or a body left early
+                if open_frame is not None:
+                    self._close_frame(stack, open_frame, end, loop_phase)
+            if root_frame is not None:
+                _pop_frame(stack, root_frame)
+                local.phase = previous_phase
+            self._iter_depth = max(self._iter_depth - 1, 0)
+            if outer:  # between loops, blocks are measured while the schedule still has steps to measure
+                self._in_window = schedule.measures(phase.schedule_pos)
+                self._update_flags()
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+    def _close_frame(self, stack: list[list[Any]], frame: list[Any], end: int, phase: _Phase | None) -> None:
+        """Records an open frame of a timed iterator; ``phase`` gets the time when the loop owns it."""
+        if not _pop_frame(stack, frame):
+            return  # dropped by disable()
+        elapsed = end - frame[1]
+        stack[-1][2] += elapsed
+        node = frame[0]
+        node.buf.append(elapsed)
+        node.other_buf.append(elapsed - frame[2])
+        if len(node.buf) >= _FOLD:
+            self._fold(node)
+        if phase is not None:
+            phase.loop_ns += elapsed
+
+    def count(self, **units: float) -> None:
+        """Add to the counters of the current phase, e.g. ``count(samples=32, tokens=4096)``.
+
+        Throughput is each counter's total over the measured loader+step time; counts made outside the
+        measured window are not added, so they never inflate it.
+        """
+        for unit, value in units.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}")
+        if not self._measuring:
+            return
+        phase = self._phase(getattr(self._local, "phase", DEFAULT_PHASE))
+        with self._lock:
+            counters = phase.counters
+            for unit, value in units.items():
+                counters[unit] = counters.get(unit, 0) + value
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _thread_stack(self) -> list[list[Any]]:
+        local = self._local
+        stack: list[list[Any]] | None = getattr(local, "stack", None)
+        if stack is None:
+            stack = [[self._phase(DEFAULT_PHASE).root, 0, 0, None]]
+            local.stack = stack
+            with self._lock:
+                self._stacks.append(stack)
+        return stack
+
+    def _phase(self, name: str) -> _Phase:
+        phase = self._phases.get(name)
+        if phase is None:
+            with self._lock:
+                phase = self._phases.setdefault(name, _Phase(name, self.window))
+        return phase
+
+    def _add_child(self, parent: _Node, name: str) -> _Node:
+        with self._lock:
+            node = parent.children.get(name)
+            if node is None:
+                node = parent.children[name] = _Node(parent.child_path(name), self.window)
+            return node
+
+    def _fold(self, node: _Node) -> None:
+        with self._lock:
+            for buf, stats in ((node.buf, node.stats), (node.other_buf, node.other_stats)):
+                count = len(buf)
+                chunk = buf[:count]
+                del buf[:count]  # appends racing with this land after ``count`` and stay
+                stats.add_batch(chunk)
+
+    # -- results -----------------------------------------------------------------------------------------
+
+    def summary(self) -> Summary:
+        """An immutable snapshot of everything recorded so far (open blocks are not included)."""
+        from ._saved import build_metadata
+
+        with self._lock:
+            phases = {}
+            for name, phase in self._phases.items():
+                stages: dict[str, StageStats] = {}
+                _collect(self, phase.root, stages)
+                if stages or phase.counters:
+                    phases[name] = PhaseSummary(name, stages, phase.counters, phase.loop_ns, phase.steps)
+            return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(self))
+
+    def report(self) -> str:
+        """The human-readable table of :meth:`summary`."""
+        from ._render import render_text
+
+        return render_text(self.summary())
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the run as JSON (atomically: a temporary file renamed over ``path``)."""
+        from ._saved import save_summary
+
+        save_summary(self.summary(), path)
+
+    def load(self, path: str | os.PathLike[str]) -> Summary:
+        """Read a saved run; the same as ``stepwatch.load``."""
+        from ._saved import load_summary
+
+        return load_summary(path)
+
+    def devices(self) -> list[str]:
+        """Devices used over the whole run, across resumes, oldest first."""
+        from ._saved import detect_devices
+
+        devices = list(self._devices_before)
+        for device in detect_devices():
+            if not devices or devices[-1] != device:
+                devices.append(device)
+        return devices
+
+    def _elapsed_ns(self) -> int:
+        running = self._clock() - self._session_start_ns if self._started_wall is not None else 0
+        return self._elapsed_before_ns + running
+
+    # -- checkpointing -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain Python data (dicts, lists, str, int, float, None): safe for ``torch.load(weights_only=True)``."""
+        summary = self.summary()
+        with self._lock:
+            return {
+                "stepwatch_state": STATE_VERSION,
+                "summary": summary.to_dict(),
+                "schedule_pos": {name: phase.schedule_pos for name, phase in self._phases.items()},
+                "elapsed_ns": self._elapsed_ns(),
+                "started_at": self._started_wall,
+                "devices": self.devices(),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Carry on from :meth:`state_dict`: totals, counters, schedule position, elapsed time, devices."""
+        from ._saved import FormatError
+
+        if not isinstance(state, dict) or state.get("stepwatch_state") != STATE_VERSION:
+            raise FormatError("<state_dict>", "not a stepwatch state_dict of version 1")
+        try:
+            summary = Summary.from_dict(state["summary"])
+            positions = {str(k): int(v) for k, v in dict(state["schedule_pos"]).items()}
+            elapsed_ns = int(state["elapsed_ns"])
+            devices = [str(d) for d in state["devices"]]
+            started = state["started_at"]
+        except (KeyError, TypeError, ValueError) as error:
+            raise FormatError("<state_dict>", f"corrupt state_dict: {error}") from error
+        with self._lock:
+            for stack in self._stacks:
+                del stack[1:]
+            self._phases = {}
+            for name, phase_summary in summary.phases.items():
+                phase = self._phase(name)
+                phase.counters = dict(phase_summary.counters)
+                phase.loop_ns = phase_summary.loop_ns
+                phase.steps = phase_summary.steps
+                for path, stage in phase_summary.stages.items():
+                    *parents, leaf = path.split("/")
+                    node = phase.root
+                    for part in parents:
+                        node = node.children.get(part) or self._add_child(node, part)
+                    if leaf == OTHER:
+                        node.other_stats = stage.to_running()
+                    else:
+                        child = node.children.get(leaf) or self._add_child(node, leaf)
+                        child.stats = stage.to_running()
+            for name, position in positions.items():
+                self._phase(name).schedule_pos = position
+            for stack in self._stacks:
+                stack[0][0] = self._phase(DEFAULT_PHASE).root
+            self._elapsed_before_ns = elapsed_ns
+            self._session_start_ns = self._clock()
+            self._started_wall = float(started) if started is not None else time.time()
+            self._devices_before = devices
+
+
+def _collect(stopwatch: Stopwatch, node: _Node, out: dict[str, StageStats]) -> None:
+    """Adds ``node``'s recorded descendants to ``out``, depth first, each parent before its children and
+    ``<parent>/other`` after them."""
+    for child in node.children.values():
+        if child.buf or child.other_buf:
+            stopwatch._fold(child)
+        below: dict[str, StageStats] = {}
+        _collect(stopwatch, child, below)
+        if child.stats.calls == 0 and not below:
+            continue
+        out[child.path] = StageStats.from_running(child.path, child.stats)
+        out.update(below)
+        if below and child.other_stats.calls:
+            other = f"{child.path}/{OTHER}"
+            out[other] = StageStats.from_running(other, child.other_stats)
+
+
+def _pop_frame(stack: list[list[Any]], frame: list[Any]) -> bool:
+    """Removes ``frame`` (and anything left above it) from ``stack``; False if it is no longer there."""
+    for position in range(len(stack) - 1, 0, -1):
+        if stack[position] is frame:
+            del stack[position:]
+            return True
+    return False
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} name must be a non-empty string, got {name!r}")
+    if "/" in name:
+        raise ValueError(f"{what} name {name!r} must not contain '/': nesting blocks builds the hierarchy")
+    if name == OTHER:
+        raise ValueError(f"{what} name {OTHER!r} is reserved for the time a parent's blocks do not cover")

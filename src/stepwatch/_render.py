@@ -1,0 +1,119 @@
+"""Renderers: turn a :class:`Summary` into text for people or files for tools. They read the summary only.
+
+``FORMATS`` is the one registry of output formats; the CLI's ``--format`` and the guess from a file's
+extension both use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._summary import PhaseSummary, StageStats, Summary
+
+MS = 1e3
+
+
+def _ms(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "-"
+    return f"{seconds * MS:.3f}" if seconds * MS < 10 else f"{seconds * MS:.2f}"
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.1f}" if value < 1e4 else f"{value:,.0f}"
+
+
+def render_text(summary: Summary) -> str:
+    """The five-second report: a section per phase, a row per stage, children indented under parents."""
+    if not summary.phases:
+        return "stepwatch: nothing recorded (is it enabled? set STEPWATCH=1 or call stepwatch.enable())\n"
+    sections = [_render_phase(phase) for phase in summary.phases.values()]
+    devices = summary.metadata.get("devices") or []
+    footer = f"run: {summary.elapsed:.2f} s wall"
+    if devices:
+        footer += " on " + " then ".join(str(d) for d in devices)
+    return "\n".join(sections) + footer + "\n"
+
+
+_HEADER = ("stage", "calls", "total s", "ms/call", "± std", "p50 ms", "p90 ms", "p99 ms", "[n]", "% time")
+
+
+def _render_phase(phase: PhaseSummary) -> str:
+    rates = ", ".join(f"{_rate(value)} {unit}/s" for unit, value in phase.throughput.items())
+    title = f"stepwatch · {phase.name} · {phase.steps} steps · {phase.measured:.3f} s measured"
+    if rates:
+        title += f" · {rates}"
+    rows = [_HEADER] + [_row(phase, stage) for stage in phase.stages.values()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER))]
+    lines = [title]
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [
+            cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=False)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n\n"
+
+
+def _row(phase: PhaseSummary, stage: StageStats) -> tuple[str, ...]:
+    return (
+        "  " * stage.depth + stage.name,
+        f"{stage.calls:,}",
+        f"{stage.total:.3f}",
+        _ms(stage.mean),
+        _ms(stage.std),
+        _ms(stage.p50),
+        _ms(stage.p90),
+        _ms(stage.p99),
+        f"{len(stage.recent_ns):,}",
+        f"{phase.share(stage.path) * 100:.1f}",
+    )
+
+
+def render_tsv(summary: Summary) -> str:
+    """Per-measurement export: a row per measurement (the k-th most recent kept of each stage, oldest first),
+    a column per ``phase:stage`` path, durations in seconds; empty where a stage has fewer measurements."""
+    columns: list[tuple[str, tuple[int, ...]]] = []
+    for phase in summary.phases.values():
+        for stage in phase.stages.values():
+            columns.append((f"{phase.name}:{stage.path}", stage.recent_ns))
+    length = max((len(values) for _, values in columns), default=0)
+    lines = ["\t".join(name for name, _ in columns)]
+    for index in range(length):
+        cells = [f"{values[index] * 1e-9:.9f}" if index < len(values) else "" for _, values in columns]
+        lines.append("\t".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def render_json(summary: Summary) -> str:
+    from ._saved import summary_to_json
+
+    return summary_to_json(summary) + "\n"
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    render: Callable[[Summary], str]
+    extensions: tuple[str, ...]
+    description: str
+
+
+FORMATS: dict[str, Format] = {
+    format.name: format
+    for format in (
+        Format("text", render_text, (".txt",), "the report table"),
+        Format("tsv", render_tsv, (".tsv",), "one row per measurement, one column per stage"),
+        Format("json", render_json, (".json",), "the saved-run file"),
+    )
+}
+
+
+def format_for_path(path: str) -> Format | None:
+    """The format whose extension ``path`` ends with, if any."""
+    lowered = path.lower()
+    for format in FORMATS.values():
+        if lowered.endswith(format.extensions):
+            return format
+    return None

@@ -1,0 +1,132 @@
+"""Saved runs: JSON with a schema version and metadata, written atomically, read back with clear errors."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from importlib import metadata as importlib_metadata
+from typing import TYPE_CHECKING, Any
+
+from ._summary import Summary
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+FORMAT = "stepwatch"
+SCHEMA = 1
+
+
+class FormatError(ValueError):
+    """A file (or state_dict) that is not a readable stepwatch run: corrupt, truncated, empty, not JSON,
+    foreign, or written by a newer stepwatch. ``str()`` names the file and the reason."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+def package_version(name: str) -> str | None:
+    """Installed version of a distribution, without importing it."""
+    try:
+        return importlib_metadata.version(name)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def detect_devices() -> list[str]:
+    """Devices this process computes on: CUDA devices when torch has initialized CUDA, else the CPU.
+
+    Never imports torch nor initializes CUDA itself.
+    """
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        return [f"cuda:{i} {cuda.get_device_name(i)}" for i in range(cuda.device_count())]
+    return [f"cpu {platform.machine()}".strip()]
+
+
+def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
+    started = stopwatch._started_wall
+    schedule = stopwatch.schedule
+    return {
+        "stepwatch": package_version("stepwatch"),
+        "python": platform.python_version(),
+        "torch": package_version("torch"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": None if started is None else _iso(started),
+        "devices": stopwatch.devices(),
+        "config": {
+            "warmup": schedule.warmup,
+            "active": schedule.active,
+            "every": schedule.every,
+            "window": stopwatch.window,
+        },
+    }
+
+
+def _iso(epoch_seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(epoch_seconds))
+
+
+def summary_to_json(summary: Summary) -> str:
+    document = {"format": FORMAT, "schema": SCHEMA, **summary.to_dict()}
+    return json.dumps(document, indent=1, allow_nan=False)
+
+
+def save_summary(summary: Summary, path: str | os.PathLike[str]) -> None:
+    """Writes ``summary`` to ``path`` via a temporary file in the same folder and an atomic rename."""
+    target = os.fspath(path)
+    text = summary_to_json(summary)
+    folder = os.path.dirname(os.path.abspath(target))
+    handle, temporary = tempfile.mkstemp(prefix=".stepwatch-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def load_summary(path: str | os.PathLike[str]) -> Summary:
+    """Reads a saved run. Raises :class:`FormatError` naming the file and the reason for any bad content,
+    and ``OSError`` when the file cannot be read at all."""
+    with open(path, "rb") as file:
+        raw = file.read()
+    return parse_summary(raw, path)
+
+
+def parse_summary(raw: bytes, path: str | os.PathLike[str] = "<bytes>") -> Summary:
+    if not raw.strip():
+        raise FormatError(path, "empty file")
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise FormatError(path, "not a JSON text file (invalid UTF-8)") from None
+    except json.JSONDecodeError as error:
+        reason = "truncated JSON" if error.pos >= len(raw.rstrip()) - 1 else "not valid JSON"
+        raise FormatError(path, f"{reason} ({error.msg} at line {error.lineno}, column {error.colno})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise FormatError(path, 'not a stepwatch run (no "format": "stepwatch" field)')
+    schema = document.get("schema")
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
+        raise FormatError(path, f"invalid schema version {schema!r}")
+    if schema > SCHEMA:
+        raise FormatError(path, f"written by a newer stepwatch (schema {schema}, this one reads {SCHEMA}); upgrade")
+    try:
+        return Summary.from_dict(document)
+    except KeyError as error:
+        raise FormatError(path, f"corrupt run: missing field {error.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError) as error:
+        raise FormatError(path, f"corrupt run: {error}") from None

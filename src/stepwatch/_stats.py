@@ -1,0 +1,120 @@
+"""Exact, mergeable running statistics of durations in integer nanoseconds.
+
+Totals are Python integers (count, sum, sum of squares), so two recordings merge exactly and the mean and
+standard deviation do not drift however many measurements there are. Percentiles come from a bounded window
+of the most recent measurements, so memory does not grow with the number of steps.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_WINDOW = 1024
+"""How many recent measurements each stage keeps for percentiles and the per-measurement export."""
+
+
+def percentile(sorted_values: Sequence[int], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default) of already sorted values; ``q`` in [0, 100]."""
+    if not sorted_values:
+        return math.nan
+    position = (len(sorted_values) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    fraction = position - low
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction
+
+
+@dataclass
+class RunningStats:
+    """Accumulates durations (ns). Cheap to fold in batches; exact to merge."""
+
+    window: int = DEFAULT_WINDOW
+    calls: int = 0
+    total_ns: int = 0
+    sumsq_ns: int = 0
+    min_ns: int | None = None
+    max_ns: int | None = None
+    recent: deque[int] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be at least 1, got {self.window}")
+        self.recent = deque(self.recent, maxlen=self.window)
+
+    def add_batch(self, durations: Sequence[int]) -> None:
+        """Fold a batch of durations in; the loops run in C (sum, map, min, max, deque.extend)."""
+        if not durations:
+            return
+        self.calls += len(durations)
+        self.total_ns += sum(durations)
+        self.sumsq_ns += sum(map(operator.mul, durations, durations))
+        low, high = min(durations), max(durations)
+        self.min_ns = low if self.min_ns is None else min(self.min_ns, low)
+        self.max_ns = high if self.max_ns is None else max(self.max_ns, high)
+        self.recent.extend(durations)
+
+    def merge(self, other: RunningStats) -> RunningStats:
+        """A new accumulator holding both; totals are exact, the window keeps ``self``'s then ``other``'s."""
+        merged = RunningStats(window=max(self.window, other.window))
+        merged.calls = self.calls + other.calls
+        merged.total_ns = self.total_ns + other.total_ns
+        merged.sumsq_ns = self.sumsq_ns + other.sumsq_ns
+        merged.min_ns = _opt(min, self.min_ns, other.min_ns)
+        merged.max_ns = _opt(max, self.max_ns, other.max_ns)
+        merged.recent.extend(self.recent)
+        merged.recent.extend(other.recent)
+        return merged
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "calls": self.calls,
+            "total_ns": self.total_ns,
+            "sumsq_ns": self.sumsq_ns,
+            "min_ns": self.min_ns,
+            "max_ns": self.max_ns,
+            "window": self.window,
+            "recent_ns": list(self.recent),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> RunningStats:
+        """Rebuild from :meth:`to_dict` output; raises ``ValueError``/``TypeError``/``KeyError`` on bad data."""
+        stats = cls(window=_int(data["window"], "window"))
+        stats.calls = _int(data["calls"], "calls")
+        stats.total_ns = _int(data["total_ns"], "total_ns")
+        stats.sumsq_ns = _int(data["sumsq_ns"], "sumsq_ns")
+        stats.min_ns = None if data["min_ns"] is None else _int(data["min_ns"], "min_ns")
+        stats.max_ns = None if data["max_ns"] is None else _int(data["max_ns"], "max_ns")
+        recent = data["recent_ns"]
+        if not isinstance(recent, list):
+            raise TypeError("recent_ns must be a list")
+        stats.recent.extend(_int(value, "recent_ns") for value in recent)
+        if stats.calls < 0 or (stats.calls == 0) != (stats.min_ns is None):
+            raise ValueError("calls and min_ns disagree")
+        return stats
+
+
+def variance_ns2(calls: int, total_ns: int, sumsq_ns: int) -> float:
+    """Sample variance (n - 1) computed from exact integer sums; 0 for fewer than two calls."""
+    if calls < 2:
+        return 0.0
+    numerator = calls * sumsq_ns - total_ns * total_ns  # exact integer arithmetic
+    return max(numerator, 0) / (calls * (calls - 1))
+
+
+def _opt(pick: object, a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return pick(a, b)  # type: ignore[operator, no-any-return]
+
+
+def _int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    return value

@@ -1,0 +1,256 @@
+"""The immutable result of a recording: every figure the report shows, as plain data.
+
+A :class:`Summary` is what ``Stopwatch.summary()`` and ``stepwatch.load()`` return. Renderers read it and
+nothing else; it converts to and from plain JSON-able dicts and merges exactly with another summary (workers,
+ranks, resumed runs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ._stats import RunningStats, percentile, variance_ns2
+
+NS_PER_S = 1e9
+OTHER = "other"
+"""Name of the synthetic child that holds the part of a parent stage no nested block covers."""
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """Statistics of one stage. Exact integer sums in ns; the public figures are in seconds."""
+
+    path: str
+    calls: int
+    total_ns: int
+    sumsq_ns: int
+    min_ns: int
+    max_ns: int
+    recent_ns: tuple[int, ...]
+    window: int
+
+    @classmethod
+    def from_running(cls, path: str, stats: RunningStats) -> StageStats:
+        return cls(
+            path=path,
+            calls=stats.calls,
+            total_ns=stats.total_ns,
+            sumsq_ns=stats.sumsq_ns,
+            min_ns=stats.min_ns or 0,
+            max_ns=stats.max_ns or 0,
+            recent_ns=tuple(stats.recent),
+            window=stats.window,
+        )
+
+    def to_running(self) -> RunningStats:
+        stats = RunningStats(window=self.window)
+        stats.calls, stats.total_ns, stats.sumsq_ns = self.calls, self.total_ns, self.sumsq_ns
+        stats.min_ns = self.min_ns if self.calls else None
+        stats.max_ns = self.max_ns if self.calls else None
+        stats.recent.extend(self.recent_ns)
+        return stats
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def depth(self) -> int:
+        return self.path.count("/")
+
+    @property
+    def total(self) -> float:
+        return self.total_ns / NS_PER_S
+
+    @property
+    def mean(self) -> float:
+        return self.total_ns / self.calls / NS_PER_S if self.calls else 0.0
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(variance_ns2(self.calls, self.total_ns, self.sumsq_ns)) / NS_PER_S
+
+    @property
+    def min(self) -> float:
+        return self.min_ns / NS_PER_S
+
+    @property
+    def max(self) -> float:
+        return self.max_ns / NS_PER_S
+
+    def percentile(self, q: float) -> float:
+        """Percentile ``q`` (0-100) in seconds over the recent window; NaN with no measurements."""
+        return percentile(sorted(self.recent_ns), q) / NS_PER_S
+
+    @property
+    def p50(self) -> float:
+        return self.percentile(50)
+
+    @property
+    def p90(self) -> float:
+        return self.percentile(90)
+
+    @property
+    def p99(self) -> float:
+        return self.percentile(99)
+
+    def merge(self, other: StageStats) -> StageStats:
+        return StageStats.from_running(self.path, self.to_running().merge(other.to_running()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.to_running().to_dict()
+
+    @classmethod
+    def from_dict(cls, path: str, data: Mapping[str, Any]) -> StageStats:
+        return cls.from_running(path, RunningStats.from_dict(dict(data)))
+
+
+@dataclass(frozen=True)
+class PhaseSummary:
+    """One phase (``train``, ``val``, ...): its stages by path, counted units and measured loop time."""
+
+    name: str
+    stages: Mapping[str, StageStats]
+    counters: Mapping[str, float]
+    loop_ns: int
+    steps: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
+        object.__setattr__(self, "counters", MappingProxyType(dict(self.counters)))
+
+    @property
+    def measured_ns(self) -> int:
+        """Denominator of shares and throughput: the loop's loader+step time, else the top-level stages."""
+        if self.loop_ns:
+            return self.loop_ns
+        return sum(s.total_ns for s in self.stages.values() if "/" not in s.path)
+
+    @property
+    def measured(self) -> float:
+        return self.measured_ns / NS_PER_S
+
+    def share(self, path: str) -> float:
+        """Fraction of the measured loader+step time spent in ``path``; KeyError for an unknown stage."""
+        stage = self.stages[path]
+        return stage.total_ns / self.measured_ns if self.measured_ns else 0.0
+
+    @property
+    def throughput(self) -> Mapping[str, float]:
+        """Units per second: each counter's total over the measured loader+step time."""
+        seconds = self.measured
+        if not seconds:
+            return MappingProxyType({})
+        return MappingProxyType({unit: value / seconds for unit, value in self.counters.items()})
+
+    def merge(self, other: PhaseSummary) -> PhaseSummary:
+        stages = dict(self.stages)
+        for path, stage in other.stages.items():
+            stages[path] = stages[path].merge(stage) if path in stages else stage
+        counters = dict(self.counters)
+        for unit, value in other.counters.items():
+            counters[unit] = counters.get(unit, 0) + value
+        return PhaseSummary(
+            self.name, _tree_order(stages), counters, self.loop_ns + other.loop_ns, self.steps + other.steps
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stages": {path: stage.to_dict() for path, stage in self.stages.items()},
+            "counters": dict(self.counters),
+            "loop_ns": self.loop_ns,
+            "steps": self.steps,
+        }
+
+    @classmethod
+    def from_dict(cls, name: str, data: Mapping[str, Any]) -> PhaseSummary:
+        stages = {path: StageStats.from_dict(path, raw) for path, raw in dict(data["stages"]).items()}
+        counters = dict(data["counters"])
+        for unit, value in counters.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"counter {unit!r} must be a number")
+        return cls(name, _tree_order(stages), counters, int(data["loop_ns"]), int(data["steps"]))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Everything one recording measured. ``stages``, ``share`` and ``throughput`` refer to the main phase
+    (``train`` when present); ``phases`` holds every phase by name."""
+
+    phases: Mapping[str, PhaseSummary]
+    elapsed: float = 0.0
+    """Wall-clock seconds of the whole run, across resumes."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phases", MappingProxyType(dict(self.phases)))
+        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+    @property
+    def main_phase(self) -> PhaseSummary:
+        if "train" in self.phases:
+            return self.phases["train"]
+        if self.phases:
+            return next(iter(self.phases.values()))
+        return PhaseSummary("train", {}, {}, 0, 0)
+
+    @property
+    def stages(self) -> Mapping[str, StageStats]:
+        return self.main_phase.stages
+
+    @property
+    def throughput(self) -> Mapping[str, float]:
+        return self.main_phase.throughput
+
+    def share(self, path: str) -> float:
+        return self.main_phase.share(path)
+
+    def merge(self, other: Summary) -> Summary:
+        """Exact combination of two recordings (same stages add up; percentiles use both windows)."""
+        phases = dict(self.phases)
+        for name, phase in other.phases.items():
+            phases[name] = phases[name].merge(phase) if name in phases else phase
+        return Summary(phases, max(self.elapsed, other.elapsed), dict(self.metadata))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "elapsed": self.elapsed,
+            "metadata": _plain(self.metadata),
+            "phases": {name: phase.to_dict() for name, phase in self.phases.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        phases = {name: PhaseSummary.from_dict(name, raw) for name, raw in dict(data["phases"]).items()}
+        elapsed = data["elapsed"]
+        if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
+            raise TypeError("elapsed must be a number")
+        return cls(phases, float(elapsed), dict(data["metadata"]))
+
+
+def _tree_order(stages: Mapping[str, StageStats]) -> dict[str, StageStats]:
+    """Orders paths so that each parent comes before its children and ``other`` comes last among siblings."""
+    # Keep first-seen order among siblings: sort by the input position of each ancestor in turn.
+    order = {path: index for index, path in enumerate(stages)}
+
+    def position(path: str) -> tuple[tuple[int, int], ...]:
+        parts = path.split("/")
+        result = []
+        for depth in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:depth])
+            result.append((1 if parts[depth - 1] == OTHER else 0, order.get(prefix, len(order))))
+        return tuple(result)
+
+    return {path: stages[path] for path in sorted(stages, key=position)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

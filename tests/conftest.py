@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import stepwatch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spin(seconds: float) -> None:
+    """Busy-wait a known time: the controlled workload timing tests measure."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+class FakeClock:
+    """A nanosecond clock that moves only when told to, for exact arithmetic in tests."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ns: int) -> None:
+        self.now += ns
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(autouse=True)
+def default_stopwatch_is_left_clean() -> Iterator[None]:
+    """No test may leak state through the module-level default stopwatch."""
+    assert not stepwatch.is_enabled(), "a previous test left the default stopwatch enabled"
+    assert not stepwatch.summary().phases, "a previous test left recordings in the default stopwatch"
+    yield
+    leaked_enabled = stepwatch.is_enabled()
+    leaked_data = bool(stepwatch.summary().phases)
+    stepwatch.disable()
+    stepwatch.reset()
+    assert not leaked_enabled, "test left the default stopwatch enabled"
+    assert not leaked_data, "test left recordings in the default stopwatch"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child Python processes: the package importable, stepwatch's switches unset."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWATCH")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable

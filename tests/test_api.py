@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+import stepwatch
+
+from .conftest import PYTHON, subprocess_env
+
+PUBLIC = {
+    "ConfigError",
+    "FormatError",
+    "PhaseSummary",
+    "StageStats",
+    "Stopwatch",
+    "Summary",
+    "__version__",
+    "count",
+    "disable",
+    "enable",
+    "is_enabled",
+    "load",
+    "load_state_dict",
+    "render",
+    "report",
+    "reset",
+    "save",
+    "state_dict",
+    "summary",
+    "timed",
+    "timed_iter",
+}
+
+
+def test_public_surface_is_exactly_the_intended_list() -> None:
+    assert set(stepwatch.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert hasattr(stepwatch, name), name
+
+
+def test_stopwatch_instances_have_the_module_functions() -> None:
+    for name in ("enable", "disable", "is_enabled", "timed", "timed_iter", "count", "report", "summary", "save"):
+        assert callable(getattr(stepwatch.Stopwatch(), name))
+    for name in ("load", "reset", "state_dict", "load_state_dict"):
+        assert callable(getattr(stepwatch.Stopwatch(), name))
+
+
+def test_import_pulls_in_nothing_outside_the_standard_library() -> None:
+    code = (
+        "import sys, stepwatch\n"
+        "sw = stepwatch.Stopwatch(); sw.enable()\n"
+        "with sw.timed('x'): pass\n"
+        "sw.report(); sw.summary()\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'matplotlib', 'pandas', 'lightning') if m in sys.modules))"
+    )
+    result = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_render_rejects_unknown_format() -> None:
+    with pytest.raises(ValueError, match="text, tsv, json"):
+        stepwatch.render(stepwatch.Stopwatch().summary(), "xml")

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from stepwatch._config import ConfigError, enabled_from_env, out_from_env
+
+from .conftest import PYTHON, subprocess_env
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", "On", " 1 "])
+def test_true_values_enable(value: str) -> None:
+    assert enabled_from_env({"STEPWATCH": value}) is True
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", "off", ""])
+def test_false_values_disable(value: str) -> None:
+    assert enabled_from_env({"STEPWATCH": value}) is False
+
+
+def test_unset_is_off() -> None:
+    assert enabled_from_env({}) is False
+
+
+def test_other_value_is_an_error_naming_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"STEPWATCH='maybe'"):
+        enabled_from_env({"STEPWATCH": "maybe"})
+
+
+def test_out_path_from_env() -> None:
+    assert out_from_env({"STEPWATCH_OUT": "run.json"}) == "run.json"
+    assert out_from_env({"STEPWATCH_OUT": ""}) is None
+    assert out_from_env({}) is None
+
+
+def test_env_switch_enables_default_stopwatch_at_import() -> None:
+    code = "import stepwatch; print(stepwatch.is_enabled())"
+    on = subprocess.run([PYTHON, "-c", code], env=subprocess_env(STEPWATCH="1"), capture_output=True, text=True)
+    off = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True)
+    assert (on.stdout.strip(), off.stdout.strip()) == ("True", "False")
+
+
+def test_bad_env_value_fails_import_clearly() -> None:
+    result = subprocess.run(
+        [PYTHON, "-c", "import stepwatch"], env=subprocess_env(STEPWATCH="maybe"), capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "ConfigError: STEPWATCH='maybe' is not understood" in result.stderr

@@ -1,0 +1,423 @@
+"""Recording: timed blocks, timed iterators, hierarchy, threads, phases, counters, schedule."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import stepwatch
+from stepwatch import Stopwatch
+
+from .conftest import FakeClock, spin
+
+MS = 1e-3
+
+
+def enabled(**kwargs: object) -> Stopwatch:
+    sw = Stopwatch(**kwargs)  # type: ignore[arg-type]
+    sw.enable()
+    return sw
+
+
+# -- timing on controlled busy-waits (5% on means, 2 points on shares) ---------------------------------------
+
+
+def test_block_mean_matches_a_known_busy_wait() -> None:
+    sw = enabled()
+    for _ in range(20):
+        with sw.timed("work"):
+            spin(2 * MS)
+    stage = sw.summary().stages["work"]
+    assert stage.calls == 20
+    assert stage.mean == pytest.approx(2 * MS, rel=0.05)
+    assert stage.min >= 2 * MS
+    assert stage.p50 == pytest.approx(2 * MS, rel=0.05)
+
+
+def test_loop_breakdown_means_and_shares() -> None:
+    def batches():  # each item takes 1 ms to produce
+        for i in range(30):
+            spin(1 * MS)
+            yield i
+
+    sw = enabled()
+    for _ in sw.timed_iter(batches()):
+        with sw.timed("forward"):
+            spin(1 * MS)
+        with sw.timed("backward"):
+            spin(2 * MS)
+    summary = sw.summary()
+    stages = summary.stages
+    assert [stages[p].calls for p in ("loader", "step", "step/forward", "step/backward")] == [30] * 4
+    assert stages["loader"].mean == pytest.approx(1 * MS, rel=0.05)
+    assert stages["step/forward"].mean == pytest.approx(1 * MS, rel=0.05)
+    assert stages["step/backward"].mean == pytest.approx(2 * MS, rel=0.05)
+    assert stages["step"].mean == pytest.approx(3 * MS, rel=0.05)
+    assert summary.share("loader") == pytest.approx(0.25, abs=0.02)
+    assert summary.share("step/backward") == pytest.approx(0.50, abs=0.02)
+    assert summary.share("loader") + summary.share("step") == pytest.approx(1.0, abs=1e-12)
+
+
+def test_breakdown_adds_up_to_its_parent_exactly(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    with sw.timed("outer"):
+        clock.advance(5)
+        with sw.timed("a"):
+            clock.advance(10)
+        with sw.timed("b"):
+            clock.advance(20)
+            with sw.timed("deep"):
+                clock.advance(7)
+        clock.advance(3)
+    stages = sw.summary().stages
+    assert stages["outer"].total_ns == 45
+    assert stages["outer/other"].total_ns == 8
+    assert stages["outer/b/other"].total_ns == 20
+    children = ("outer/a", "outer/b", "outer/other")
+    assert sum(stages[p].total_ns for p in children) == stages["outer"].total_ns
+    assert list(stages) == ["outer", "outer/a", "outer/b", "outer/b/deep", "outer/b/other", "outer/other"]
+    assert "outer/a/other" not in stages  # a leaf has no uncovered part to show
+
+
+def test_same_name_nests_inside_itself(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    with sw.timed("x"):
+        clock.advance(1)
+        with sw.timed("x"):
+            clock.advance(2)
+    assert sw.summary().stages["x"].total_ns == 3
+    assert sw.summary().stages["x/x"].total_ns == 2
+
+
+def test_decorator_times_each_call(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+
+    @sw.timed("fn")
+    def work(n: int) -> int:
+        clock.advance(n)
+        return n * 2
+
+    assert work(5) == 10 and work(7) == 14
+    assert work.__name__ == "work"
+    stage = sw.summary().stages["fn"]
+    assert (stage.calls, stage.total_ns, stage.min_ns, stage.max_ns) == (2, 12, 5, 7)
+
+
+def test_exception_records_the_block_and_propagates_unchanged(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    error = RuntimeError("boom")
+    with pytest.raises(RuntimeError) as raised, sw.timed("outer"), sw.timed("inner"):
+        clock.advance(4)
+        raise error
+    assert raised.value is error
+    stages = sw.summary().stages
+    assert stages["outer/inner"].total_ns == 4 and stages["outer"].calls == 1
+    with sw.timed("after"):  # the stack is clean again: not nested under "outer"
+        pass
+    assert "after" in sw.summary().stages
+
+
+def test_threads_record_every_block_with_their_own_nesting() -> None:
+    sw = enabled()
+    per_thread = 5000
+    barrier = threading.Barrier(4)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(per_thread):
+            with sw.timed("t"), sw.timed("inner"):
+                pass
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stages = sw.summary().stages
+    assert stages["t"].calls == 4 * per_thread
+    assert stages["t/inner"].calls == 4 * per_thread
+    assert set(stages) == {"t", "t/inner", "t/other"}
+
+
+def test_validation_of_stage_names() -> None:
+    sw = Stopwatch()
+    for bad in ("", "a/b", "other"):
+        with pytest.raises(ValueError):
+            sw.timed(bad)
+    with pytest.raises(ValueError):
+        sw.timed_iter([], phase="")
+
+
+# -- disabled ---------------------------------------------------------------------------------------------
+
+
+def test_disabled_records_nothing_and_timed_iter_is_the_plain_iterator() -> None:
+    sw = Stopwatch()
+    data = [1, 2, 3]
+    iterator = sw.timed_iter(data)
+    assert type(iterator) is type(iter(data))
+    with sw.timed("x"):
+        pass
+    sw.count(samples=3)
+    assert list(iterator) == [1, 2, 3]
+    assert not sw.summary().phases
+
+
+def test_disable_mid_block_drops_the_open_block(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    with sw.timed("open"):
+        sw.disable()
+    sw.enable()
+    with sw.timed("later"):
+        clock.advance(1)
+    assert set(sw.summary().stages) == {"later"}
+
+
+def test_default_instance_module_functions() -> None:
+    stepwatch.enable()
+    with stepwatch.timed("a"):
+        pass
+    for _ in stepwatch.timed_iter(range(3)):
+        stepwatch.count(samples=2)
+    summary = stepwatch.summary()
+    assert summary.stages["a"].calls == 1
+    assert summary.stages["loader"].calls == 3
+    assert summary.main_phase.counters["samples"] == 6
+    assert "loader" in stepwatch.report()
+    stepwatch.disable()
+    stepwatch.reset()
+    assert not stepwatch.summary().phases
+
+
+def test_instances_are_independent() -> None:
+    a, b = enabled(), Stopwatch()
+    with a.timed("x"), b.timed("y"):
+        pass
+    assert set(a.summary().stages) == {"x"}
+    assert not b.summary().phases
+
+
+# -- timed_iter -------------------------------------------------------------------------------------------
+
+
+class Closing:
+    """An iterator that remembers being closed."""
+
+    def __init__(self, n: int) -> None:
+        self.items = iter(range(n))
+        self.closed = False
+
+    def __iter__(self) -> Closing:
+        return self
+
+    def __next__(self) -> int:
+        return next(self.items)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_final_stop_iteration_is_not_a_wait(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+
+    class Slow:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def __iter__(self) -> Slow:
+            return self
+
+        def __next__(self) -> int:
+            clock.advance(100)
+            self.n += 1
+            if self.n > 3:
+                raise StopIteration
+            return self.n
+
+    for _ in sw.timed_iter(Slow()):
+        clock.advance(10)
+    stages = sw.summary().stages
+    assert stages["loader"].calls == 3 and stages["loader"].total_ns == 300
+    assert stages["step"].calls == 3 and stages["step"].total_ns == 30
+    assert sw.summary().main_phase.steps == 3
+
+
+def test_break_records_partial_body_and_closes_iterator(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    source = Closing(10)
+    for i in sw.timed_iter(source):
+        clock.advance(5)
+        if i == 2:
+            break
+    assert source.closed
+    assert sw.summary().stages["step"].calls == 3
+    assert sw.summary().stages["step"].total_ns == 15
+
+
+def test_exception_in_body_records_partial_body_and_closes_iterator(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    source = Closing(10)
+
+    def run() -> None:
+        for i in sw.timed_iter(source):
+            clock.advance(5)
+            if i == 1:
+                raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        run()
+    assert source.closed
+    assert sw.summary().stages["step"].calls == 2
+
+
+def test_return_from_body_closes_iterator(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    source = Closing(10)
+
+    def first() -> int:
+        for i in sw.timed_iter(source):
+            clock.advance(5)
+            return i
+        raise AssertionError
+
+    assert first() == 0
+    assert source.closed
+    assert sw.summary().stages["step"].total_ns == 5
+
+
+def test_error_from_the_data_propagates_and_keeps_the_wait(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+
+    def broken():
+        yield 1
+        clock.advance(9)
+        raise ValueError("bad sample")
+
+    with pytest.raises(ValueError, match="bad sample"):
+        for _ in sw.timed_iter(broken()):
+            pass
+    assert sw.summary().stages["loader"].calls == 2
+    with sw.timed("free"):
+        pass
+    assert "free" in sw.summary().stages
+
+
+def test_nested_loop_nests_under_the_step(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    for _ in sw.timed_iter(range(2)):
+        for _ in sw.timed_iter(range(3), stage="micro_loader", body="micro"):
+            clock.advance(1)
+    stages = sw.summary().stages
+    assert stages["step/micro"].calls == 6
+    assert stages["step/micro_loader"].calls == 6
+    assert sw.summary().main_phase.steps == 2
+
+
+# -- phases, accumulation, counters -----------------------------------------------------------------------
+
+
+def test_train_and_val_are_reported_apart(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    for _ in range(2):
+        for _ in sw.timed_iter(range(4)):
+            with sw.timed("forward"):
+                clock.advance(10)
+            sw.count(samples=8)
+        for _ in sw.timed_iter(range(2), phase="val"):
+            with sw.timed("forward"):
+                clock.advance(3)
+            sw.count(samples=16)
+    summary = sw.summary()
+    assert list(summary.phases) == ["train", "val"]
+    train, val = summary.phases["train"], summary.phases["val"]
+    assert train.stages["step/forward"].calls == 8 and train.stages["step/forward"].mean == 10e-9
+    assert val.stages["step/forward"].calls == 4 and val.stages["step/forward"].mean == 3e-9
+    assert train.counters == {"samples": 64} and val.counters == {"samples": 64}
+    assert dict(summary.stages) == dict(train.stages)
+    text = sw.report()
+    assert "· train ·" in text and "· val ·" in text
+
+
+def test_gradient_accumulation_optimizer_row_is_per_call(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    for i in sw.timed_iter(range(12)):
+        with sw.timed("backward"):
+            clock.advance(10)
+        if i % 4 == 3:
+            with sw.timed("optimizer"):
+                clock.advance(100)
+    stages = sw.summary().stages
+    assert stages["step/optimizer"].calls == 3
+    assert stages["step/optimizer"].mean == pytest.approx(100e-9)
+    assert stages["step"].calls == 12
+
+
+def test_throughput_is_total_units_over_total_loop_time(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    sizes = [10, 30, 20]
+    durations = [1_000_000, 4_000_000, 5_000_000]  # per-step rates would average to a different number
+    for size, ns in zip(sw.timed_iter(sizes), durations, strict=True):
+        clock.advance(ns)
+        sw.count(samples=size, tokens=size * 100)
+    throughput = sw.summary().throughput
+    assert throughput["samples"] == pytest.approx(60 / 0.010)
+    assert throughput["tokens"] == pytest.approx(6000 / 0.010)
+
+
+def test_count_rejects_non_numbers() -> None:
+    sw = enabled()
+    for bad in ("3", None, True, float("nan")):
+        with pytest.raises(TypeError):
+            sw.count(samples=bad)  # type: ignore[arg-type]
+
+
+# -- schedule ---------------------------------------------------------------------------------------------
+
+
+def measured_steps(sw: Stopwatch, clock: FakeClock, n: int, epoch: int = 0) -> list[int]:
+    """Runs one epoch of n steps, step i lasting epoch*1000 + i ns, and returns which steps were recorded."""
+    for i in sw.timed_iter(range(n)):
+        clock.advance(epoch * 1000 + i)
+    step = sw.summary().stages.get("step")
+    return [ns - epoch * 1000 for ns in (step.recent_ns if step else ()) if 0 <= ns - epoch * 1000 < 1000]
+
+
+def test_warmup_skips_first_steps_of_each_iterator(clock: FakeClock) -> None:
+    sw = enabled(clock=clock, warmup=2)
+    assert measured_steps(sw, clock, 5) == [2, 3, 4]
+    assert measured_steps(sw, clock, 5, epoch=1) == [2, 3, 4]  # a new epoch warms up again
+    assert sw.summary().main_phase.steps == 6
+
+
+def test_active_window_then_nothing(clock: FakeClock) -> None:
+    sw = enabled(clock=clock, warmup=1, active=3)
+    assert measured_steps(sw, clock, 6) == [1, 2, 3]
+    with sw.timed("outside"):  # outside the window, blocks cost the disabled path and record nothing
+        pass
+    assert "outside" not in sw.summary().stages
+
+
+def test_every_period_repeats_the_window(clock: FakeClock) -> None:
+    sw = enabled(clock=clock, active=2, every=5)
+    assert measured_steps(sw, clock, 12) == [0, 1, 5, 6, 10, 11]
+
+
+def test_blocks_in_unmeasured_steps_are_not_recorded(clock: FakeClock) -> None:
+    sw = enabled(clock=clock, warmup=3)
+    for _ in sw.timed_iter(range(5)):
+        with sw.timed("forward"):
+            clock.advance(1)
+        sw.count(samples=1)
+    summary = sw.summary()
+    assert summary.stages["step/forward"].calls == 2
+    assert summary.main_phase.counters["samples"] == 2
+
+
+def test_schedule_arguments_are_checked() -> None:
+    with pytest.raises(ValueError):
+        Stopwatch(warmup=-1)
+    with pytest.raises(ValueError):
+        Stopwatch(every=5)
+    with pytest.raises(ValueError):
+        Stopwatch(active=5, every=3)
