@@ -1,9 +1,11 @@
 """Recording: the :class:`Stopwatch`, its timed blocks and timed iterators.
 
-The hot path is kept to a few attribute reads, two clock reads and two list appends per block. Durations go
-into per-stage buffers that are folded into exact running statistics every ``_FOLD`` measurements (the folding
-loops run in C), so memory stays bounded however long the run. Open blocks live on a per-thread stack of
-frames, so the same stage name can nest and threads never collide.
+The hot path is kept to a few attribute reads, two clock reads, a tuple and one list append per block.
+Durations go into per-stage buffers that are folded into exact running statistics every ``_FOLD``
+measurements (the folding loops run in C), so memory stays bounded however long the run. Open blocks live on
+a per-thread stack of ``(owner, node, start_ns)`` frames, so the same stage name can nest and threads never
+collide. The part of a parent that no child covers (``<parent>/other``) is derived from the totals when a
+summary is made, so it costs nothing while recording.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 _FOLD = 1024
 """Measurements buffered per stage before they are folded into the running statistics."""
 
+Frame = tuple[Any, "_Node", int]
+"""An open block on a thread's stack: (owner, stage node, start in ns). The owner is the timed block, ``_LOOP``
+for a timed iterator's wait or body, or None for a phase root."""
+_LOOP = object()
+
 DEFAULT_PHASE = "train"
 STATE_VERSION = 1
 
@@ -33,15 +40,13 @@ STATE_VERSION = 1
 class _Node:
     """One stage in the hierarchy of one phase: its buffers, statistics and children by name."""
 
-    __slots__ = ("buf", "children", "other_buf", "other_stats", "path", "stats")
+    __slots__ = ("buf", "children", "path", "stats")
 
     def __init__(self, path: str, window: int) -> None:
         self.path = path
         self.children: dict[str, _Node] = {}
         self.buf: list[int] = []
-        self.other_buf: list[int] = []
         self.stats = RunningStats(window=window)
-        self.other_stats = RunningStats(window=window)
 
     def child_path(self, name: str) -> str:
         return f"{self.path}/{name}" if self.path else name
@@ -107,11 +112,11 @@ class _Block:
                 stack = sw._local.stack
             except AttributeError:
                 stack = sw._thread_stack()
-            parent = stack[-1][0]
+            parent = stack[-1][1]
             node = parent.children.get(self._name)
             if node is None:
                 node = sw._add_child(parent, self._name)
-            stack.append([node, self._clock(), 0, self])
+            stack.append((self, node, self._clock()))
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         sw = self._sw
@@ -122,15 +127,12 @@ class _Block:
             except AttributeError:
                 return
             frame = stack[-1]
-            if frame[3] is self:
+            if frame[0] is self:  # else this block was entered outside the measured window
                 del stack[-1]
-                elapsed = end - frame[1]
-                stack[-1][2] += elapsed
-                node = frame[0]
-                node.buf.append(elapsed)
-                node.other_buf.append(elapsed - frame[2])
-                if len(node.buf) >= _FOLD:
-                    sw._fold(node)
+                buf = frame[1].buf
+                buf.append(end - frame[2])
+                if len(buf) >= 1024:  # _FOLD, inlined
+                    sw._fold(frame[1])
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: every call of ``func`` is timed under this stage."""
@@ -144,6 +146,18 @@ class _Block:
 
     def __repr__(self) -> str:
         return f"<stepwatch timed block {self._name!r}>"
+
+
+class _Blocks(dict[str, _Block]):
+    """The timed blocks of one stopwatch by stage name; a new name is checked once, on first use."""
+
+    def __init__(self, stopwatch: Stopwatch) -> None:
+        super().__init__()
+        self._stopwatch = stopwatch
+
+    def __missing__(self, stage: str) -> _Block:
+        _check_name(stage, "stage")
+        return self.setdefault(stage, _Block(self._stopwatch, stage))
 
 
 class Stopwatch:
@@ -175,7 +189,9 @@ class Stopwatch:
         self.window = window
         self._clock = clock
         self._lock = threading.RLock()
-        self._blocks: dict[str, _Block] = {}
+        self._blocks = _Blocks(self)
+        # The hot path: a C-level dict lookup instead of a Python method call (the method below documents it).
+        self.timed = self._blocks.__getitem__  # type: ignore[method-assign, assignment]
         self._enabled = False
         self._in_window = True
         self._measuring = False
@@ -183,7 +199,7 @@ class Stopwatch:
         self._iter_depth = 0
         self.out: str | None = None
         self._phases: dict[str, _Phase] = {}
-        self._stacks: list[list[list[Any]]] = []
+        self._stacks: list[list[Frame]] = []
         self._local = threading.local()
         self._started_wall: float | None = None
         self._session_start_ns = 0
@@ -253,11 +269,7 @@ class Stopwatch:
         Blocks nest: a block opened inside another (or inside a :meth:`timed_iter` body) is its child, and the
         parent's uncovered time shows as ``<parent>/other``.
         """
-        block = self._blocks.get(stage)
-        if block is None:
-            _check_name(stage, "stage")
-            block = self._blocks.setdefault(stage, _Block(self, stage))
-        return block
+        return self._blocks[stage]
 
     def timed_iter(
         self, iterable: Iterable[T], stage: str = "loader", body: str = "step", phase: str | None = None
@@ -285,20 +297,20 @@ class Stopwatch:
         own_phase = outer or phase_name is not None
         previous_phase = getattr(local, "phase", DEFAULT_PHASE)
         phase = self._phase(phase_name or (DEFAULT_PHASE if outer else previous_phase))
-        root_frame: list[Any] | None = None
+        root_frame: Frame | None = None
         if own_phase:
-            root_frame = [phase.root, 0, 0, None]
+            root_frame = (None, phase.root, 0)
             stack.append(root_frame)
             local.phase = phase.name
-        parent = stack[-1][0]
+        parent = stack[-1][1]
         wait_node = parent.children.get(stage) or self._add_child(parent, stage)
         body_node = parent.children.get(body) or self._add_child(parent, body)
         schedule = self.schedule
         loop_phase = phase if own_phase else None
         iterator = iter(iterable)
         index = 0
-        wait_frame: list[Any] | None = None
-        body_frame: list[Any] | None = None
+        wait_frame: Frame | None = None
+        body_frame: Frame | None = None
         try:
             while True:
                 now = clock()
@@ -311,7 +323,7 @@ class Stopwatch:
                         self._in_window = in_window
                         self._update_flags()
                 if self._measuring:
-                    wait_frame = [wait_node, now, 0, None]
+                    wait_frame = (_LOOP, wait_node, now)
                     stack.append(wait_frame)
                 try:
                     item = next(iterator)
@@ -329,7 +341,7 @@ class Stopwatch:
                     self._close_frame(stack, frame, ready, loop_phase)
                     if loop_phase is not None:
                         loop_phase.steps += 1
-                    body_frame = [body_node, ready, 0, None]
+                    body_frame = (_LOOP, body_node, ready)
                     stack.append(body_frame)
                 yield item
         finally:
@@ -348,15 +360,13 @@ class Stopwatch:
             if close is not None:
                 close()
 
-    def _close_frame(self, stack: list[list[Any]], frame: list[Any], end: int, phase: _Phase | None) -> None:
+    def _close_frame(self, stack: list[Frame], frame: Frame, end: int, phase: _Phase | None) -> None:
         """Records an open frame of a timed iterator; ``phase`` gets the time when the loop owns it."""
         if not _pop_frame(stack, frame):
             return  # dropped by disable()
-        elapsed = end - frame[1]
-        stack[-1][2] += elapsed
-        node = frame[0]
+        elapsed = end - frame[2]
+        node = frame[1]
         node.buf.append(elapsed)
-        node.other_buf.append(elapsed - frame[2])
         if len(node.buf) >= _FOLD:
             self._fold(node)
         if phase is not None:
@@ -381,11 +391,11 @@ class Stopwatch:
 
     # -- internals ---------------------------------------------------------------------------------------
 
-    def _thread_stack(self) -> list[list[Any]]:
+    def _thread_stack(self) -> list[Frame]:
         local = self._local
-        stack: list[list[Any]] | None = getattr(local, "stack", None)
+        stack: list[Frame] | None = getattr(local, "stack", None)
         if stack is None:
-            stack = [[self._phase(DEFAULT_PHASE).root, 0, 0, None]]
+            stack = [(None, self._phase(DEFAULT_PHASE).root, 0)]
             local.stack = stack
             with self._lock:
                 self._stacks.append(stack)
@@ -407,11 +417,11 @@ class Stopwatch:
 
     def _fold(self, node: _Node) -> None:
         with self._lock:
-            for buf, stats in ((node.buf, node.stats), (node.other_buf, node.other_stats)):
-                count = len(buf)
-                chunk = buf[:count]
-                del buf[:count]  # appends racing with this land after ``count`` and stay
-                stats.add_batch(chunk)
+            buf = node.buf
+            count = len(buf)
+            chunk = buf[:count]
+            del buf[:count]  # appends racing with this land after ``count`` and stay
+            node.stats.add_batch(chunk)
 
     # -- results -----------------------------------------------------------------------------------------
 
@@ -503,15 +513,13 @@ class Stopwatch:
                     node = phase.root
                     for part in parents:
                         node = node.children.get(part) or self._add_child(node, part)
-                    if leaf == OTHER:
-                        node.other_stats = stage.to_running()
-                    else:
+                    if leaf != OTHER:  # derived again from the totals
                         child = node.children.get(leaf) or self._add_child(node, leaf)
                         child.stats = stage.to_running()
             for name, position in positions.items():
                 self._phase(name).schedule_pos = position
             for stack in self._stacks:
-                stack[0][0] = self._phase(DEFAULT_PHASE).root
+                stack[0] = (None, self._phase(DEFAULT_PHASE).root, 0)
             self._elapsed_before_ns = elapsed_ns
             self._session_start_ns = self._clock()
             self._started_wall = float(started) if started is not None else time.time()
@@ -520,22 +528,23 @@ class Stopwatch:
 
 def _collect(stopwatch: Stopwatch, node: _Node, out: dict[str, StageStats]) -> None:
     """Adds ``node``'s recorded descendants to ``out``, depth first, each parent before its children and
-    ``<parent>/other`` after them."""
+    ``<parent>/other`` (derived from the totals) after them."""
     for child in node.children.values():
-        if child.buf or child.other_buf:
+        if child.buf:
             stopwatch._fold(child)
         below: dict[str, StageStats] = {}
         _collect(stopwatch, child, below)
         if child.stats.calls == 0 and not below:
             continue
-        out[child.path] = StageStats.from_running(child.path, child.stats)
+        parent = StageStats.from_running(child.path, child.stats)
+        out[child.path] = parent
         out.update(below)
-        if below and child.other_stats.calls:
-            other = f"{child.path}/{OTHER}"
-            out[other] = StageStats.from_running(other, child.other_stats)
+        direct = [below[grandchild.path] for grandchild in child.children.values() if grandchild.path in below]
+        if direct and parent.calls:
+            out[f"{child.path}/{OTHER}"] = StageStats.uncovered(parent, direct)
 
 
-def _pop_frame(stack: list[list[Any]], frame: list[Any]) -> bool:
+def _pop_frame(stack: list[Frame], frame: Frame) -> bool:
     """Removes ``frame`` (and anything left above it) from ``stack``; False if it is no longer there."""
     for position in range(len(stack) - 1, 0, -1):
         if stack[position] is frame:

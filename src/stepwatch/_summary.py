@@ -22,7 +22,11 @@ OTHER = "other"
 
 @dataclass(frozen=True)
 class StageStats:
-    """Statistics of one stage. Exact integer sums in ns; the public figures are in seconds."""
+    """Statistics of one stage. Exact integer sums in ns; the public figures are in seconds.
+
+    ``spread`` is False for a derived ``<parent>/other`` row: its calls, total and mean are exact (the parent
+    minus its children), but no single measurements exist, so std, min, max and percentiles are NaN.
+    """
 
     path: str
     calls: int
@@ -32,6 +36,13 @@ class StageStats:
     max_ns: int
     recent_ns: tuple[int, ...]
     window: int
+    spread: bool = True
+
+    @classmethod
+    def uncovered(cls, parent: StageStats, children: list[StageStats]) -> StageStats:
+        """The part of ``parent`` that none of its direct ``children`` covers."""
+        total = max(parent.total_ns - sum(child.total_ns for child in children), 0)
+        return cls(f"{parent.path}/{OTHER}", parent.calls, total, 0, 0, 0, (), parent.window, spread=False)
 
     @classmethod
     def from_running(cls, path: str, stats: RunningStats) -> StageStats:
@@ -47,6 +58,8 @@ class StageStats:
         )
 
     def to_running(self) -> RunningStats:
+        if not self.spread:
+            raise ValueError(f"{self.path} is derived and has no measurements of its own")
         stats = RunningStats(window=self.window)
         stats.calls, stats.total_ns, stats.sumsq_ns = self.calls, self.total_ns, self.sumsq_ns
         stats.min_ns = self.min_ns if self.calls else None
@@ -72,15 +85,17 @@ class StageStats:
 
     @property
     def std(self) -> float:
+        if not self.spread:
+            return math.nan
         return math.sqrt(variance_ns2(self.calls, self.total_ns, self.sumsq_ns)) / NS_PER_S
 
     @property
     def min(self) -> float:
-        return self.min_ns / NS_PER_S
+        return self.min_ns / NS_PER_S if self.spread else math.nan
 
     @property
     def max(self) -> float:
-        return self.max_ns / NS_PER_S
+        return self.max_ns / NS_PER_S if self.spread else math.nan
 
     def percentile(self, q: float) -> float:
         """Percentile ``q`` (0-100) in seconds over the recent window; NaN with no measurements."""
@@ -99,13 +114,25 @@ class StageStats:
         return self.percentile(99)
 
     def merge(self, other: StageStats) -> StageStats:
-        return StageStats.from_running(self.path, self.to_running().merge(other.to_running()))
+        if self.spread and other.spread:
+            return StageStats.from_running(self.path, self.to_running().merge(other.to_running()))
+        return StageStats(
+            self.path, self.calls + other.calls, self.total_ns + other.total_ns, 0, 0, 0, (), self.window, False
+        )
 
     def to_dict(self) -> dict[str, Any]:
+        if not self.spread:
+            return {"calls": self.calls, "total_ns": self.total_ns, "window": self.window, "spread": False}
         return self.to_running().to_dict()
 
     @classmethod
     def from_dict(cls, path: str, data: Mapping[str, Any]) -> StageStats:
+        if data.get("spread", True) is False:
+            calls, total, window = data["calls"], data["total_ns"], data["window"]
+            for value in (calls, total, window):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TypeError(f"{path}: calls, total_ns and window must be integers")
+            return cls(path, calls, total, 0, 0, 0, (), window, spread=False)
         return cls.from_running(path, RunningStats.from_dict(dict(data)))
 
 

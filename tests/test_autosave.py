@@ -1,0 +1,151 @@
+"""Nothing lost: real subprocesses that exit, crash, or get SIGTERM/SIGINT still leave their saved run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+
+import stepwatch
+
+from .conftest import PYTHON, subprocess_env
+
+RECORD = """
+import stepwatch
+for _ in stepwatch.timed_iter(range(3)):
+    with stepwatch.timed("forward"):
+        pass
+    stepwatch.count(samples=2)
+"""
+
+
+def run_script(body: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    code = textwrap.dedent(RECORD) + textwrap.dedent(body)
+    return subprocess.run(
+        [PYTHON, "-c", code],
+        env=subprocess_env(STEPWATCH="1", STEPWATCH_OUT=str(out), **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def assert_saved(out: Path) -> None:
+    summary = stepwatch.load(out)
+    assert summary.stages["step/forward"].calls == 3
+    assert summary.main_phase.counters["samples"] == 6
+
+
+def test_saved_at_normal_exit(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    result = run_script("", out)
+    assert result.returncode == 0, result.stderr
+    assert_saved(out)
+
+
+def test_saved_on_uncaught_exception_with_report_logged(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    body = """
+    import logging
+    logging.basicConfig(level=logging.DEBUG)
+    raise RuntimeError("training diverged")
+    """
+    result = run_script(body, out)
+    assert result.returncode == 1
+    assert "RuntimeError: training diverged" in result.stderr  # the original traceback still shows
+    assert "stepwatch report at uncaught RuntimeError" in result.stderr
+    assert "forward" in result.stderr
+    assert_saved(out)
+
+
+def start_and_signal(
+    body: str, out: Path, signum: int, code: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Starts a recording child, waits for its "ready" line, sends ``signum`` and collects the outcome."""
+    process = subprocess.Popen(
+        [PYTHON, "-c", code or textwrap.dedent(RECORD) + textwrap.dedent(body)],
+        env=env or subprocess_env(STEPWATCH="1", STEPWATCH_OUT=str(out)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+WAIT = """
+import sys, time
+print("ready", flush=True)
+time.sleep(60)
+print("not interrupted")
+"""
+
+
+def test_sigterm_saves_then_dies_by_the_signal(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    result = start_and_signal(WAIT, out, signal.SIGTERM)
+    assert result.returncode == -signal.SIGTERM
+    assert "not interrupted" not in result.stdout
+    assert_saved(out)
+
+
+def test_sigterm_calls_the_handler_that_was_there_before(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    code = (
+        f"""
+import signal, sys
+def graceful(signum, frame):
+    print("graceful shutdown", flush=True)
+    sys.exit(3)
+signal.signal(signal.SIGTERM, graceful)
+import stepwatch
+stepwatch.enable(out={str(out)!r})
+"""
+        + RECORD
+        + WAIT
+    )
+    result = start_and_signal("", out, signal.SIGTERM, code=code, env=subprocess_env())
+    assert result.returncode == 3
+    assert "graceful shutdown" in result.stdout
+    assert_saved(out)
+
+
+def test_sigint_saves_then_raises_keyboard_interrupt(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    body = """
+import time
+try:
+    print("ready", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt as usual", flush=True)
+"""
+    result = start_and_signal(body, out, signal.SIGINT)
+    assert result.returncode == 0, result.stderr
+    assert "KeyboardInterrupt as usual" in result.stdout
+    assert_saved(out)
+
+
+def test_uncaught_sigint_still_ends_the_process(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    result = start_and_signal(WAIT, out, signal.SIGINT)
+    assert result.returncode in (1, -signal.SIGINT)  # Python exits by the signal since 3.8
+    assert "KeyboardInterrupt" in result.stderr
+    assert_saved(out)
+
+
+def test_enable_with_out_argument(tmp_path: Path) -> None:
+    out = tmp_path / "explicit.json"
+    code = f"""
+import stepwatch
+sw = stepwatch.Stopwatch()
+sw.enable(out={str(out)!r})
+with sw.timed("x"):
+    pass
+"""
+    subprocess.run([PYTHON, "-c", code], env=subprocess_env(), check=True, timeout=60)
+    assert stepwatch.load(out).stages["x"].calls == 1

@@ -1,0 +1,102 @@
+"""Resume through a real checkpoint: state_dict -> torch.save -> torch.load(weights_only=True)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from stepwatch import FormatError, Stopwatch
+
+from .conftest import FakeClock
+
+
+def train(sw: Stopwatch, clock: FakeClock, steps: int, ms_per_step: int = 2) -> None:
+    for _ in sw.timed_iter(range(steps)):
+        with sw.timed("forward"):
+            clock.advance(ms_per_step * 1_000_000)
+        sw.count(samples=10)
+
+
+def checkpoint_round_trip(state: dict[str, Any], path: Path) -> dict[str, Any]:
+    torch.save({"model": {"w": torch.zeros(2)}, "stepwatch": state}, path)
+    loaded = torch.load(path, weights_only=True)
+    return loaded["stepwatch"]  # type: ignore[no-any-return]
+
+
+def test_totals_counters_schedule_and_elapsed_carry_on(tmp_path: Path, clock: FakeClock) -> None:
+    first = Stopwatch(clock=clock, active=8)
+    first.enable()
+    train(first, clock, 5)
+    clock.advance(3_000_000_000)  # time outside loops still counts in the run's elapsed time
+    state = checkpoint_round_trip(first.state_dict(), tmp_path / "ckpt.pt")
+    elapsed_at_save = first.summary().elapsed
+
+    clock.advance(60_000_000_000)  # the job is down for a minute: not part of the run
+    second = Stopwatch(clock=clock, active=8)
+    second.enable()
+    second.load_state_dict(state)
+    train(second, clock, 5)  # only 3 more steps are inside the 8-step window
+    summary = second.summary()
+    assert summary.stages["step/forward"].calls == 8
+    assert summary.main_phase.steps == 8
+    assert summary.main_phase.counters["samples"] == 80
+    assert summary.throughput["samples"] == pytest.approx(80 / 0.016)  # counts and time both carried
+    assert summary.elapsed == pytest.approx(elapsed_at_save + 0.010)
+
+
+def test_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, clock: FakeClock) -> None:
+    whole = Stopwatch(clock=clock)
+    whole.enable()
+    train(whole, clock, 6)
+
+    part = Stopwatch(clock=clock)
+    part.enable()
+    train(part, clock, 3)
+    resumed = Stopwatch(clock=clock)
+    resumed.enable()
+    resumed.load_state_dict(checkpoint_round_trip(part.state_dict(), tmp_path / "c.pt"))
+    train(resumed, clock, 3)
+    assert dict(resumed.summary().stages) == dict(whole.summary().stages)
+    assert resumed.summary().throughput == whole.summary().throughput
+
+
+def test_state_dict_is_plain_python(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    train(sw, clock, 3)
+
+    def check(value: object) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                assert isinstance(key, str)
+                check(item)
+        elif isinstance(value, list):
+            for item in value:
+                check(item)
+        else:
+            assert value is None or type(value) in (str, int, float, bool), type(value)
+
+    check(sw.state_dict())
+
+
+def test_devices_are_appended_not_replaced(tmp_path: Path, clock: FakeClock) -> None:
+    first = Stopwatch(clock=clock)
+    first.enable()
+    state = first.state_dict()
+    state["devices"] = ["cuda:0 NVIDIA A100"]  # as written by an earlier run on another machine
+    second = Stopwatch(clock=clock)
+    second.load_state_dict(checkpoint_round_trip(state, tmp_path / "c.pt"))
+    devices = second.summary().metadata["devices"]
+    assert devices[0] == "cuda:0 NVIDIA A100"
+    assert devices[1:] == first.devices()
+
+
+def test_load_state_dict_rejects_foreign_data() -> None:
+    sw = Stopwatch()
+    with pytest.raises(FormatError, match="not a stepwatch state_dict"):
+        sw.load_state_dict({"weights": [1, 2]})
+    with pytest.raises(FormatError, match="corrupt state_dict"):
+        sw.load_state_dict({"stepwatch_state": 1, "summary": {}})

@@ -1,0 +1,137 @@
+"""Saved runs: round trip, metadata, atomic writes, every kind of bad file, TSV export."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+from pathlib import Path
+
+import pytest
+
+import stepwatch
+from stepwatch import FormatError, Stopwatch
+
+from .conftest import FakeClock
+
+
+def recorded(clock: FakeClock) -> Stopwatch:
+    sw = Stopwatch(clock=clock, warmup=1)
+    sw.enable()
+    for i in sw.timed_iter(range(6)):
+        with sw.timed("forward"):
+            clock.advance(100 + i)
+        sw.count(samples=4)
+    for _ in sw.timed_iter(range(3), phase="val"):
+        clock.advance(7)
+    return sw
+
+
+def test_round_trip_keeps_every_figure(tmp_path: Path, clock: FakeClock) -> None:
+    sw = recorded(clock)
+    path = tmp_path / "run.json"
+    sw.save(path)
+    loaded = stepwatch.load(path)
+    original = sw.summary()
+    assert loaded.phases.keys() == original.phases.keys()
+    for name, phase in original.phases.items():
+        assert dict(loaded.phases[name].stages) == dict(phase.stages)
+        assert dict(loaded.phases[name].counters) == dict(phase.counters)
+        assert loaded.phases[name].loop_ns == phase.loop_ns
+    assert loaded.throughput == original.throughput
+    assert stepwatch.render(loaded) == stepwatch.render(original).replace(
+        f"{original.elapsed:.2f}", f"{loaded.elapsed:.2f}"
+    )
+
+
+def test_file_has_schema_and_metadata(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "run.json"
+    recorded(clock).save(path)
+    document = json.loads(path.read_text())
+    assert document["format"] == "stepwatch" and document["schema"] == 1
+    meta = document["metadata"]
+    assert meta["python"] == platform.python_version()
+    assert meta["host"] == socket.gethostname()
+    assert meta["torch"]  # installed in the test environment, read without importing it
+    assert meta["stepwatch"] == stepwatch.__version__
+    assert meta["started_at"] and meta["devices"]
+    assert meta["config"] == {"warmup": 1, "active": None, "every": None, "window": 1024}
+
+
+def test_save_is_atomic_and_leaves_no_temporary_file(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "run.json"
+    path.write_text("previous content")
+    recorded(clock).save(path)
+    assert os.listdir(tmp_path) == ["run.json"]
+    stepwatch.load(path)
+
+
+def test_failed_save_keeps_the_previous_file(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "run.json"
+    sw = recorded(clock)
+    sw.save(path)
+    good = path.read_text()
+    with pytest.raises(OSError):
+        sw.save(tmp_path / "missing-folder" / "run.json")
+    assert path.read_text() == good
+    assert sorted(os.listdir(tmp_path)) == ["run.json"]
+
+
+BAD_FILES = {
+    "empty": (b"", "empty file"),
+    "whitespace": (b"  \n", "empty file"),
+    "not json": (b"hello world", "not valid JSON"),
+    "truncated": (b'{"format": "stepwatch", "schema": 1, "phases": {', "truncated JSON"),
+    "binary": (b"\x89PNG\r\n\x1a\n\x00\xff", "not a JSON text file"),
+    "foreign json": (b'{"traceEvents": []}', "not a stepwatch run"),
+    "json list": (b"[1, 2]", "not a stepwatch run"),
+    "newer schema": (b'{"format": "stepwatch", "schema": 99}', "newer stepwatch (schema 99"),
+    "bad schema": (b'{"format": "stepwatch", "schema": "1"}', "invalid schema version"),
+    "missing field": (b'{"format": "stepwatch", "schema": 1, "elapsed": 1, "metadata": {}}', "missing field 'phases'"),
+    "wrong type": (
+        b'{"format": "stepwatch", "schema": 1, "elapsed": 1, "metadata": {}, "phases": {"train": {"stages": '
+        b'{"x": {"calls": "many", "total_ns": 1, "sumsq_ns": 1, "min_ns": 1, "max_ns": 1, "window": 4, '
+        b'"recent_ns": []}}, "counters": {}, "loop_ns": 0, "steps": 0}}}',
+        "corrupt run: calls must be an integer",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_bad_files_raise_format_error_naming_file_and_reason(tmp_path: Path, kind: str) -> None:
+    content, reason = BAD_FILES[kind]
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(FormatError) as raised:
+        stepwatch.load(path)
+    assert str(path) in str(raised.value)
+    assert reason in str(raised.value)
+    assert raised.value.path == str(path)
+
+
+def test_truncated_real_file_is_a_format_error(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "run.json"
+    recorded(clock).save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(FormatError, match="truncated JSON"):
+        stepwatch.load(path)
+
+
+def test_tsv_has_a_row_per_measurement_and_a_column_per_stage(clock: FakeClock) -> None:
+    summary = recorded(clock).summary()
+    lines = stepwatch.render(summary, "tsv").splitlines()
+    header = lines[0].split("\t")
+    assert header[:3] == ["train:loader", "train:step", "train:step/forward"]
+    assert "val:step" in header
+    rows = [line.split("\t") for line in lines[1:]]
+    assert len(rows) == 5  # 6 steps, 1 warm-up
+    forward = [float(row[header.index("train:step/forward")]) for row in rows]
+    assert forward == [pytest.approx((100 + i) / 1e9) for i in range(1, 6)]
+    val = [row[header.index("val:step")] for row in rows]
+    assert val[2:] == ["", "", ""] and all(val[:2])  # 3 validation steps, 1 warm-up
+
+
+def test_report_of_empty_recording_says_so() -> None:
+    assert "nothing recorded" in Stopwatch().report()

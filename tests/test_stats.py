@@ -1,0 +1,106 @@
+"""Statistics: exact totals, percentiles, merging, bounded memory."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from stepwatch import Stopwatch
+from stepwatch._stats import RunningStats, percentile
+from stepwatch._summary import StageStats
+
+from .conftest import FakeClock
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    rng = random.Random(3)
+    values = sorted(rng.randrange(1, 10**6) for _ in range(501))
+    for q in (0, 1, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert np.isnan(percentile([], 50))
+
+
+def test_mean_std_min_max_are_exact() -> None:
+    rng = random.Random(1)
+    values = [rng.randrange(1_000, 5_000_000) for _ in range(5000)]
+    stats = RunningStats(window=100)
+    for chunk in range(0, len(values), 333):
+        stats.add_batch(values[chunk : chunk + 333])
+    stage = StageStats.from_running("s", stats)
+    assert stage.calls == 5000
+    assert stage.total_ns == sum(values)
+    assert stage.mean == pytest.approx(statistics.fmean(values) / 1e9, rel=1e-12)
+    assert stage.std == pytest.approx(statistics.stdev(values) / 1e9, rel=1e-9)
+    assert (stage.min_ns, stage.max_ns) == (min(values), max(values))
+    assert stage.recent_ns == tuple(values[-100:])  # the window holds the most recent measurements
+
+
+def test_merge_is_exact() -> None:
+    rng = random.Random(2)
+    a_values = [rng.randrange(10, 10**7) for _ in range(700)]
+    b_values = [rng.randrange(10, 10**9) for _ in range(300)]
+    a, b, both = RunningStats(), RunningStats(), RunningStats()
+    a.add_batch(a_values)
+    b.add_batch(b_values)
+    both.add_batch(a_values + b_values)
+    merged = a.merge(b)
+    for field in ("calls", "total_ns", "sumsq_ns", "min_ns", "max_ns"):
+        assert getattr(merged, field) == getattr(both, field)
+    assert list(merged.recent) == list(both.recent)
+    left = StageStats.from_running("s", a).merge(StageStats.from_running("s", b))
+    assert left == StageStats.from_running("s", both)
+
+
+def test_merge_with_empty_side() -> None:
+    a = RunningStats()
+    a.add_batch([5, 7])
+    merged = RunningStats().merge(a)
+    assert (merged.calls, merged.min_ns, merged.max_ns) == (2, 5, 7)
+
+
+def test_single_call_has_zero_std() -> None:
+    stats = RunningStats()
+    stats.add_batch([42])
+    assert StageStats.from_running("s", stats).std == 0.0
+
+
+def test_summaries_of_two_recordings_merge_exactly(clock: FakeClock) -> None:
+    def record(durations: list[int]) -> Stopwatch:
+        sw = Stopwatch(clock=clock)
+        sw.enable()
+        for ns in sw.timed_iter(durations):
+            with sw.timed("work"):
+                clock.advance(ns)
+            sw.count(samples=1)
+        return sw
+
+    a, b, both = record([5, 9, 2]), record([7, 1]), record([5, 9, 2, 7, 1])
+    merged = a.summary().merge(b.summary())
+    expected = both.summary()
+    assert dict(merged.stages) == dict(expected.stages)
+    assert merged.main_phase.counters == expected.main_phase.counters
+    assert merged.main_phase.loop_ns == expected.main_phase.loop_ns
+    assert merged.main_phase.steps == 5
+
+
+def test_memory_does_not_grow_with_the_number_of_blocks() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    block = sw.timed("stage")
+    for _ in range(5000):  # reach steady state: node, buffers and window exist
+        with block:
+            pass
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(1_000_000):
+        with block:
+            pass
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert sw.summary().stages["stage"].calls == 1_005_000
+    assert growth < 1024 * 1024, f"heap grew by {growth} bytes"
