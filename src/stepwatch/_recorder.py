@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -189,6 +189,7 @@ class Stopwatch:
         self.window = window
         self._clock = clock
         self._lock = threading.RLock()
+        self._count_lock = threading.Lock()
         self._blocks = _Blocks(self)
         # The hot path: a C-level dict lookup instead of a Python method call (the method below documents it).
         self.timed = self._blocks.__getitem__  # type: ignore[method-assign, assignment]
@@ -295,7 +296,7 @@ class Stopwatch:
         outer = self._iter_depth == 0
         self._iter_depth += 1
         own_phase = outer or phase_name is not None
-        previous_phase = getattr(local, "phase", DEFAULT_PHASE)
+        previous_phase = local.__dict__.get("phase", DEFAULT_PHASE)
         phase = self._phase(phase_name or (DEFAULT_PHASE if outer else previous_phase))
         root_frame: Frame | None = None
         if own_phase:
@@ -306,6 +307,7 @@ class Stopwatch:
         wait_node = parent.children.get(stage) or self._add_child(parent, stage)
         body_node = parent.children.get(body) or self._add_child(parent, body)
         schedule = self.schedule
+        warmup, measure_all = schedule.warmup, schedule.active is None
         loop_phase = phase if own_phase else None
         iterator = iter(iterable)
         index = 0
@@ -318,7 +320,7 @@ class Stopwatch:
                     frame, body_frame = body_frame, None
                     self._close_frame(stack, frame, now, loop_phase)
                 if outer:
-                    in_window = index >= schedule.warmup and schedule.measures(phase.schedule_pos)
+                    in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
                     if in_window != self._in_window:
                         self._in_window = in_window
                         self._update_flags()
@@ -333,7 +335,7 @@ class Stopwatch:
                         wait_frame = None
                     return
                 ready = clock()
-                if outer and index >= schedule.warmup:
+                if outer and index >= warmup:
                     phase.schedule_pos += 1
                 index += 1
                 if wait_frame is not None:
@@ -362,7 +364,9 @@ class Stopwatch:
 
     def _close_frame(self, stack: list[Frame], frame: Frame, end: int, phase: _Phase | None) -> None:
         """Records an open frame of a timed iterator; ``phase`` gets the time when the loop owns it."""
-        if not _pop_frame(stack, frame):
+        if stack[-1] is frame:
+            del stack[-1]
+        elif not _pop_frame(stack, frame):
             return  # dropped by disable()
         elapsed = end - frame[2]
         node = frame[1]
@@ -378,14 +382,15 @@ class Stopwatch:
         Throughput is each counter's total over the measured loader+step time; counts made outside the
         measured window are not added, so they never inflate it.
         """
-        for unit, value in units.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}")
         if not self._measuring:
             return
-        phase = self._phase(getattr(self._local, "phase", DEFAULT_PHASE))
-        with self._lock:
-            counters = phase.counters
+        for value in units.values():
+            if type(value) is not int and not (type(value) is float and math.isfinite(value)):
+                _check_counts(units)
+        name = self._local.__dict__.get("phase", DEFAULT_PHASE)  # no AttributeError raised
+        phase = self._phases.get(name) or self._phase(name)
+        counters = phase.counters
+        with self._count_lock:
             for unit, value in units.items():
                 counters[unit] = counters.get(unit, 0) + value
 
@@ -393,7 +398,7 @@ class Stopwatch:
 
     def _thread_stack(self) -> list[Frame]:
         local = self._local
-        stack: list[Frame] | None = getattr(local, "stack", None)
+        stack: list[Frame] | None = local.__dict__.get("stack")
         if stack is None:
             stack = [(None, self._phase(DEFAULT_PHASE).root, 0)]
             local.stack = stack
@@ -551,6 +556,12 @@ def _pop_frame(stack: list[Frame], frame: Frame) -> bool:
             del stack[position:]
             return True
     return False
+
+
+def _check_counts(units: Mapping[str, object]) -> None:
+    for unit, value in units.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}")
 
 
 def _check_name(name: object, what: str) -> None:
