@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -421,3 +422,20 @@ def test_schedule_arguments_are_checked() -> None:
         Stopwatch(every=5)
     with pytest.raises(ValueError):
         Stopwatch(active=5, every=3)
+
+
+def test_other_row_is_exact_in_total_and_has_no_spread(clock: FakeClock) -> None:
+    sw = enabled(clock=clock)
+    for ns in (10, 30):
+        with sw.timed("parent"):
+            clock.advance(ns)
+            with sw.timed("child"):
+                clock.advance(5)
+    other = sw.summary().stages["parent/other"]
+    assert (other.calls, other.total_ns) == (2, 40)
+    assert other.mean == pytest.approx(20e-9)
+    assert not other.spread
+    assert all(math.isnan(v) for v in (other.std, other.min, other.max, other.p50))
+    line = next(line for line in sw.report().splitlines() if line.strip().startswith("other"))
+    assert line.split()[4:9] == ["-", "-", "-", "-", "-"]
+    assert "other" not in stepwatch.render(sw.summary(), "tsv").splitlines()[0]

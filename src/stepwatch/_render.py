@@ -34,7 +34,7 @@ def render_text(summary: Summary) -> str:
     footer = f"run: {summary.elapsed:.2f} s wall"
     if devices:
         footer += " on " + " then ".join(str(d) for d in devices)
-    return "\n".join(sections) + footer + "\n"
+    return "".join(sections) + footer + "\n"
 
 
 _HEADER = ("stage", "calls", "total s", "ms/call", "± std", "p50 ms", "p90 ms", "p99 ms", "[n]", "% time")
@@ -66,7 +66,7 @@ def _row(phase: PhaseSummary, stage: StageStats) -> tuple[str, ...]:
         _ms(stage.p50),
         _ms(stage.p90),
         _ms(stage.p99),
-        f"{len(stage.recent_ns):,}",
+        f"{len(stage.recent_ns):,}" if stage.spread else "-",
         f"{phase.share(stage.path) * 100:.1f}",
     )
 
@@ -76,8 +76,9 @@ def render_tsv(summary: Summary) -> str:
     a column per ``phase:stage`` path, durations in seconds; empty where a stage has fewer measurements."""
     columns: list[tuple[str, tuple[int, ...]]] = []
     for phase in summary.phases.values():
-        for stage in phase.stages.values():
-            columns.append((f"{phase.name}:{stage.path}", stage.recent_ns))
+        columns.extend(
+            (f"{phase.name}:{stage.path}", stage.recent_ns) for stage in phase.stages.values() if stage.spread
+        )
     length = max((len(values) for _, values in columns), default=0)
     lines = ["\t".join(name for name, _ in columns)]
     for index in range(length):
