@@ -22,8 +22,8 @@ demo: setup
 	$(BIN)/python examples/train_small.py
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks scripts examples
-	$(BIN)/ruff format --check src tests benchmarks scripts examples
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 test: lint
