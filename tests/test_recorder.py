@@ -439,3 +439,11 @@ def test_other_row_is_exact_in_total_and_has_no_spread(clock: FakeClock) -> None
     line = next(line for line in sw.report().splitlines() if line.strip().startswith("other"))
     assert line.split()[4:9] == ["-", "-", "-", "-", "-"]
     assert "other" not in stepwatch.render(sw.summary(), "tsv").splitlines()[0]
+
+
+def test_timed_accepts_the_stage_by_keyword_and_has_help() -> None:
+    sw = enabled()
+    with sw.timed(stage="kw"):
+        pass
+    assert sw.summary().stages["kw"].calls == 1
+    assert "Time a block" in (stepwatch.timed.__doc__ or "")

@@ -191,8 +191,6 @@ class Stopwatch:
         self._lock = threading.RLock()
         self._count_lock = threading.Lock()
         self._blocks = _Blocks(self)
-        # The hot path: a C-level dict lookup instead of a Python method call (the method below documents it).
-        self.timed = self._blocks.__getitem__  # type: ignore[method-assign, assignment]
         self._enabled = False
         self._in_window = True
         self._measuring = False
