@@ -56,7 +56,15 @@ def test_file_has_schema_and_metadata(tmp_path: Path, clock: FakeClock) -> None:
     assert meta["torch"]  # installed in the test environment, read without importing it
     assert meta["stepwatch"] == stepwatch.__version__
     assert meta["started_at"] and meta["devices"]
-    assert meta["config"] == {"warmup": 1, "active": None, "every": None, "window": 1024}
+    assert meta["config"] == {
+        "warmup": 1,
+        "active": None,
+        "every": None,
+        "window": 1024,
+        "device": None,
+        "sync": False,
+        "nvtx": False,
+    }
 
 
 def test_save_is_atomic_and_leaves_no_temporary_file(tmp_path: Path, clock: FakeClock) -> None:

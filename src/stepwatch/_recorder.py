@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ._device import DeviceTimer, _Loop
 from ._stats import DEFAULT_WINDOW, RunningStats
-from ._summary import OTHER, PhaseSummary, StageStats, Summary
+from ._summary import OTHER, DeviceLoad, PhaseSummary, StageStats, Summary
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,13 +41,17 @@ STATE_VERSION = 1
 class _Node:
     """One stage in the hierarchy of one phase: its buffers, statistics and children by name."""
 
-    __slots__ = ("buf", "children", "path", "stats")
+    __slots__ = ("buf", "children", "device_buf", "device_stats", "path", "peak_allocated", "peak_reserved", "stats")
 
     def __init__(self, path: str, window: int) -> None:
         self.path = path
         self.children: dict[str, _Node] = {}
         self.buf: list[int] = []
         self.stats = RunningStats(window=window)
+        self.device_buf: list[int] = []
+        self.device_stats = RunningStats(window=window)
+        self.peak_allocated = -1  # bytes; -1: never measured on a device
+        self.peak_reserved = -1
 
     def child_path(self, name: str) -> str:
         return f"{self.path}/{name}" if self.path else name
@@ -55,7 +60,17 @@ class _Node:
 class _Phase:
     """Recording state of one phase (``train``, ``val``, ...)."""
 
-    __slots__ = ("counters", "loop_ns", "name", "root", "schedule_pos", "steps")
+    __slots__ = (
+        "counters",
+        "device_busy_ns",
+        "device_idle_ns",
+        "device_steps",
+        "loop_ns",
+        "name",
+        "root",
+        "schedule_pos",
+        "steps",
+    )
 
     def __init__(self, name: str, window: int) -> None:
         self.name = name
@@ -64,6 +79,9 @@ class _Phase:
         self.loop_ns = 0
         self.steps = 0
         self.schedule_pos = 0
+        self.device_busy_ns = 0
+        self.device_idle_ns = 0
+        self.device_steps = 0
 
 
 @dataclass(frozen=True)
@@ -148,6 +166,55 @@ class _Block:
         return f"<stepwatch timed block {self._name!r}>"
 
 
+class _DeviceBlock(_Block):
+    """A timed block that also records device events and peak memory (a stopwatch with a device)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        sw = self._sw
+        if sw._measuring:
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                stack = sw._thread_stack()
+            parent_frame = stack[-1]
+            parent = parent_frame[1]
+            node = parent.children.get(self._name)
+            if node is None:
+                node = sw._add_child(parent, self._name)
+            device = sw._device
+            if device is None:
+                stack.append((self, node, self._clock()))
+                return
+            start, allocated, reserved = device.begin(self._name, parent_frame)
+            stack.append([self, node, self._clock(), start, allocated, reserved])
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        sw = self._sw
+        if sw._hot:
+            device = sw._device
+            if device is not None:
+                device.before_clock()
+            end = self._clock()
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                return
+            frame = stack[-1]
+            if frame[0] is self:
+                del stack[-1]
+                node = frame[1]
+                node.buf.append(end - frame[2])
+                if len(node.buf) >= _FOLD:
+                    sw._fold(node)
+                if device is not None and len(frame) > 3:
+                    device.end(frame, stack[-1], node)
+                    if isinstance(exc, BaseException) and device.backend.is_out_of_memory(exc):
+                        phase = sw._local.__dict__.get("phase", DEFAULT_PHASE)
+                        device.record_out_of_memory(phase, node.path, exc)
+
+
 class _Blocks(dict[str, _Block]):
     """The timed blocks of one stopwatch by stage name; a new name is checked once, on first use."""
 
@@ -157,7 +224,8 @@ class _Blocks(dict[str, _Block]):
 
     def __missing__(self, stage: str) -> _Block:
         _check_name(stage, "stage")
-        return self.setdefault(stage, _Block(self._stopwatch, stage))
+        kind = _DeviceBlock if self._stopwatch._device_spec is not None else _Block
+        return self.setdefault(stage, kind(self._stopwatch, stage))
 
 
 class Stopwatch:
@@ -168,6 +236,12 @@ class Stopwatch:
         active: steps measured after warm-up; ``None`` measures every step.
         every: with ``active``, measure ``active`` steps out of every ``every`` steps.
         window: recent measurements kept per stage for percentiles and the per-measurement export.
+        device: also time each stage on this device with events, and track its peak memory: ``"cuda"``,
+            ``"cuda:1"``, a ``torch.device``, or any :class:`~stepwatch._device.DeviceBackend`. The device is
+            opened when the stopwatch is enabled, never at import or construction.
+        sync: exact synchronous mode: synchronize the device at every stage boundary, so that wall times
+            include the device work (this changes what is measured; the report says it was on).
+        nvtx: push an NVTX range per stage, so Nsight Systems shows the same stages by name.
         clock: a nanosecond clock; tests inject a controllable one.
 
     Off until :meth:`enable` is called. The module-level functions of ``stepwatch`` use one default instance;
@@ -181,9 +255,18 @@ class Stopwatch:
         active: int | None = None,
         every: int | None = None,
         window: int = DEFAULT_WINDOW,
+        device: Any = None,
+        sync: bool = False,
+        nvtx: bool = False,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.schedule = Schedule(warmup, active, every)
+        if (sync or nvtx) and device is None:
+            raise ValueError("sync and nvtx need a device, e.g. Stopwatch(device='cuda', sync=True)")
+        self._device_spec = device
+        self.sync = sync
+        self.nvtx = nvtx
+        self._device: DeviceTimer | None = None
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive integer, got {window!r}")
         self.window = window
@@ -212,6 +295,11 @@ class Stopwatch:
         """Start recording. With ``out``, the run is also saved there at exit, on an uncaught exception and
         on SIGTERM/SIGINT."""
         with self._lock:
+            if self._device is None and self._device_spec is not None:
+                from ._device import make_backend
+
+                backend = make_backend(self._device_spec)
+                self._device = DeviceTimer(backend, sync=self.sync, nvtx=self.nvtx, fold=self._fold)
             if self._started_wall is None:
                 self._started_wall = time.time()
                 self._session_start_ns = self._clock()
@@ -307,16 +395,22 @@ class Stopwatch:
         schedule = self.schedule
         warmup, measure_all = schedule.warmup, schedule.active is None
         loop_phase = phase if own_phase else None
+        device = self._device
+        device_loop = _Loop(phase) if device is not None and own_phase else None
         iterator = iter(iterable)
         index = 0
         wait_frame: Frame | None = None
-        body_frame: Frame | None = None
+        body_frame: Any = None
         try:
             while True:
+                if device is not None:
+                    device.before_clock()
                 now = clock()
                 if body_frame is not None:
                     frame, body_frame = body_frame, None
-                    self._close_frame(stack, frame, now, loop_phase)
+                    self._close_frame(stack, frame, now, loop_phase, device_loop)
+                if device is not None:
+                    device.poll()
                 if outer:
                     in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
                     if in_window != self._in_window:
@@ -341,14 +435,21 @@ class Stopwatch:
                     self._close_frame(stack, frame, ready, loop_phase)
                     if loop_phase is not None:
                         loop_phase.steps += 1
-                    body_frame = (_LOOP, body_node, ready)
+                    if device is None:
+                        body_frame = (_LOOP, body_node, ready)
+                    else:
+                        start, allocated, reserved = device.begin(body, stack[-1])
+                        body_frame = [_LOOP, body_node, ready, start, allocated, reserved]
                     stack.append(body_frame)
                 yield item
         finally:
             end = clock()
-            for open_frame in (wait_frame, body_frame):  # an exception in next() or a body left early
-                if open_frame is not None:
-                    self._close_frame(stack, open_frame, end, loop_phase)
+            if wait_frame is not None:  # an exception in next()
+                self._close_frame(stack, wait_frame, end, loop_phase)
+            if body_frame is not None:  # a body left early: break, return or an exception
+                self._close_frame(stack, body_frame, end, loop_phase, device_loop)
+            if device_loop is not None and device is not None:
+                device.loop_finished(device_loop)
             if root_frame is not None:
                 _pop_frame(stack, root_frame)
                 local.phase = previous_phase
@@ -360,7 +461,9 @@ class Stopwatch:
             if close is not None:
                 close()
 
-    def _close_frame(self, stack: list[Frame], frame: Frame, end: int, phase: _Phase | None) -> None:
+    def _close_frame(
+        self, stack: list[Any], frame: Any, end: int, phase: _Phase | None, loop: _Loop | None = None
+    ) -> None:
         """Records an open frame of a timed iterator; ``phase`` gets the time when the loop owns it."""
         if stack[-1] is frame:
             del stack[-1]
@@ -371,6 +474,8 @@ class Stopwatch:
         node.buf.append(elapsed)
         if len(node.buf) >= _FOLD:
             self._fold(node)
+        if len(frame) > 3 and self._device is not None:
+            self._device.end(frame, stack[-1], node, loop)
         if phase is not None:
             phase.loop_ns += elapsed
 
@@ -420,11 +525,11 @@ class Stopwatch:
 
     def _fold(self, node: _Node) -> None:
         with self._lock:
-            buf = node.buf
-            count = len(buf)
-            chunk = buf[:count]
-            del buf[:count]  # appends racing with this land after ``count`` and stay
-            node.stats.add_batch(chunk)
+            for buf, stats in ((node.buf, node.stats), (node.device_buf, node.device_stats)):
+                count = len(buf)
+                chunk = buf[:count]
+                del buf[:count]  # appends racing with this land after ``count`` and stay
+                stats.add_batch(chunk)
 
     # -- results -----------------------------------------------------------------------------------------
 
@@ -433,13 +538,23 @@ class Stopwatch:
         from ._saved import build_metadata
 
         with self._lock:
+            if self._device is not None:
+                self._device.drain()  # the one synchronize: everything pending is resolved now
             phases = {}
             for name, phase in self._phases.items():
                 stages: dict[str, StageStats] = {}
                 _collect(self, phase.root, stages)
                 if stages or phase.counters:
-                    phases[name] = PhaseSummary(name, stages, phase.counters, phase.loop_ns, phase.steps)
-            return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(self))
+                    phases[name] = PhaseSummary(
+                        name,
+                        stages,
+                        phase.counters,
+                        phase.loop_ns,
+                        phase.steps,
+                        DeviceLoad(phase.device_busy_ns, phase.device_idle_ns, phase.device_steps),
+                    )
+            ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
+            return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(self), ooms)
 
     def report(self) -> str:
         """The human-readable table of :meth:`summary`."""
@@ -464,7 +579,8 @@ class Stopwatch:
         from ._saved import detect_devices
 
         devices = list(self._devices_before)
-        for device in detect_devices():
+        current = [self._device.backend.name] if self._device is not None else detect_devices()
+        for device in current:
             if not devices or devices[-1] != device:
                 devices.append(device)
         return devices
@@ -519,6 +635,15 @@ class Stopwatch:
                     if leaf != OTHER:  # derived again from the totals
                         child = node.children.get(leaf) or self._add_child(node, leaf)
                         child.stats = stage.to_running()
+                        if stage.device is not None:
+                            child.device_stats = stage.device.to_running()
+                        if stage.peak_allocated is not None:
+                            child.peak_allocated = stage.peak_allocated
+                        if stage.peak_reserved is not None:
+                            child.peak_reserved = stage.peak_reserved
+                phase.device_busy_ns = phase_summary.device.busy_ns
+                phase.device_idle_ns = phase_summary.device.idle_ns
+                phase.device_steps = phase_summary.device.steps
             for name, position in positions.items():
                 self._phase(name).schedule_pos = position
             for stack in self._stacks:
@@ -533,13 +658,19 @@ def _collect(stopwatch: Stopwatch, node: _Node, out: dict[str, StageStats]) -> N
     """Adds ``node``'s recorded descendants to ``out``, depth first, each parent before its children and
     ``<parent>/other`` (derived from the totals) after them."""
     for child in node.children.values():
-        if child.buf:
+        if child.buf or child.device_buf:
             stopwatch._fold(child)
         below: dict[str, StageStats] = {}
         _collect(stopwatch, child, below)
         if child.stats.calls == 0 and not below:
             continue
         parent = StageStats.from_running(child.path, child.stats)
+        if child.device_stats.calls or child.peak_allocated >= 0:
+            parent = parent.with_device(
+                StageStats.from_running(child.path, child.device_stats) if child.device_stats.calls else None,
+                child.peak_allocated if child.peak_allocated >= 0 else None,
+                child.peak_reserved if child.peak_reserved >= 0 else None,
+            )
         out[child.path] = parent
         out.update(below)
         direct = [below[grandchild.path] for grandchild in child.children.values() if grandchild.path in below]

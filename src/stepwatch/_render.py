@@ -34,10 +34,21 @@ def render_text(summary: Summary) -> str:
     footer = f"run: {summary.elapsed:.2f} s wall"
     if devices:
         footer += " on " + " then ".join(str(d) for d in devices)
-    return "".join(sections) + footer + "\n"
+    footer += "\n"
+    config = summary.metadata.get("config") or {}
+    if config.get("sync"):
+        footer += "sync mode on: the device was synchronized at every stage boundary (exact wall times, slower run)\n"
+    for event in summary.out_of_memory:
+        footer += (
+            f"out of memory in {event.phase}:{event.stage} with {event.allocated / MIB:,.0f} MiB allocated,"
+            f" {event.reserved / MIB:,.0f} MiB reserved: {event.message}\n"
+        )
+    return "".join(sections) + footer
 
 
+MIB = 2**20
 _HEADER = ("stage", "calls", "total s", "ms/call", "± std", "p50 ms", "p90 ms", "p99 ms", "[n]", "% time")
+_DEVICE_HEADER = ("dev ms/call", "peak MiB")
 
 
 def _render_phase(phase: PhaseSummary) -> str:
@@ -45,9 +56,19 @@ def _render_phase(phase: PhaseSummary) -> str:
     title = f"stepwatch · {phase.name} · {phase.steps} steps · {phase.measured:.3f} s measured"
     if rates:
         title += f" · {rates}"
-    rows = [_HEADER] + [_row(phase, stage) for stage in phase.stages.values()]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER))]
+    with_device = any(stage.device is not None or stage.peak_allocated is not None for stage in phase.stages.values())
+    header = _HEADER + _DEVICE_HEADER if with_device else _HEADER
+    rows = [header] + [_row(phase, stage, with_device) for stage in phase.stages.values()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [title]
+    if phase.device.steps:
+        busy = phase.device.busy_ns / 1e9
+        device_rates = ", ".join(f"{_rate(value)} {unit}/s" for unit, value in phase.device_throughput.items())
+        line = f"device: {busy:.3f} s busy over {phase.device.steps} steps, idle {phase.device.idle_share * 100:.1f}%"
+        line += " between steps"
+        if device_rates:
+            line += f" · {device_rates} of device time"
+        lines.append(line)
     for row in rows:
         cells = [row[0].ljust(widths[0])] + [
             cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=False)
@@ -56,8 +77,8 @@ def _render_phase(phase: PhaseSummary) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def _row(phase: PhaseSummary, stage: StageStats) -> tuple[str, ...]:
-    return (
+def _row(phase: PhaseSummary, stage: StageStats, with_device: bool) -> tuple[str, ...]:
+    cells = (
         "  " * stage.depth + stage.name,
         f"{stage.calls:,}",
         f"{stage.total:.3f}",
@@ -69,6 +90,11 @@ def _row(phase: PhaseSummary, stage: StageStats) -> tuple[str, ...]:
         f"{len(stage.recent_ns):,}" if stage.spread else "-",
         f"{phase.share(stage.path) * 100:.1f}",
     )
+    if not with_device:
+        return cells
+    device = _ms(stage.device.mean) if stage.device is not None else "-"
+    peak = f"{stage.peak_allocated / MIB:,.1f}" if stage.peak_allocated is not None else "-"
+    return (*cells, device, peak)
 
 
 def render_tsv(summary: Summary) -> str:

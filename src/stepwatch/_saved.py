@@ -68,6 +68,9 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
             "active": schedule.active,
             "every": schedule.every,
             "window": stopwatch.window,
+            "device": None if stopwatch._device is None else stopwatch._device.backend.name,
+            "sync": stopwatch.sync,
+            "nvtx": stopwatch.nvtx,
         },
     }
 

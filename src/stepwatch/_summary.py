@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from ._device import OutOfMemory
 from ._stats import RunningStats, percentile, variance_ns2
 
 NS_PER_S = 1e9
@@ -37,6 +38,16 @@ class StageStats:
     recent_ns: tuple[int, ...]
     window: int
     spread: bool = True
+    device: StageStats | None = None
+    """Device time of the stage (from events), with the same statistics; None without a device."""
+    peak_allocated: int | None = None
+    """Highest device memory allocated during the stage, in bytes (max over calls); None without a device."""
+    peak_reserved: int | None = None
+
+    def with_device(
+        self, device: StageStats | None, peak_allocated: int | None, peak_reserved: int | None
+    ) -> StageStats:
+        return replace(self, device=device, peak_allocated=peak_allocated, peak_reserved=peak_reserved)
 
     @classmethod
     def uncovered(cls, parent: StageStats, children: list[StageStats]) -> StageStats:
@@ -115,15 +126,31 @@ class StageStats:
 
     def merge(self, other: StageStats) -> StageStats:
         if self.spread and other.spread:
-            return StageStats.from_running(self.path, self.to_running().merge(other.to_running()))
-        return StageStats(
-            self.path, self.calls + other.calls, self.total_ns + other.total_ns, 0, 0, 0, (), self.window, False
+            merged = StageStats.from_running(self.path, self.to_running().merge(other.to_running()))
+        else:
+            merged = StageStats(
+                self.path, self.calls + other.calls, self.total_ns + other.total_ns, 0, 0, 0, (), self.window, False
+            )
+        device = self.device.merge(other.device) if self.device and other.device else self.device or other.device
+        return merged.with_device(
+            device,
+            _max_opt(self.peak_allocated, other.peak_allocated),
+            _max_opt(self.peak_reserved, other.peak_reserved),
         )
 
     def to_dict(self) -> dict[str, Any]:
         if not self.spread:
-            return {"calls": self.calls, "total_ns": self.total_ns, "window": self.window, "spread": False}
-        return self.to_running().to_dict()
+            data: dict[str, Any] = {"calls": self.calls, "total_ns": self.total_ns, "window": self.window}
+            data["spread"] = False
+        else:
+            data = self.to_running().to_dict()
+        if self.device is not None:
+            data["device"] = self.device.to_dict()
+        if self.peak_allocated is not None:
+            data["peak_allocated"] = self.peak_allocated
+        if self.peak_reserved is not None:
+            data["peak_reserved"] = self.peak_reserved
+        return data
 
     @classmethod
     def from_dict(cls, path: str, data: Mapping[str, Any]) -> StageStats:
@@ -132,8 +159,46 @@ class StageStats:
             for value in (calls, total, window):
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise TypeError(f"{path}: calls, total_ns and window must be integers")
-            return cls(path, calls, total, 0, 0, 0, (), window, spread=False)
-        return cls.from_running(path, RunningStats.from_dict(dict(data)))
+            stage = cls(path, calls, total, 0, 0, 0, (), window, spread=False)
+        else:
+            stage = cls.from_running(path, RunningStats.from_dict(dict(data)))
+        device = cls.from_dict(path, data["device"]) if data.get("device") is not None else None
+        peaks = [data.get("peak_allocated"), data.get("peak_reserved")]
+        for value in peaks:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{path}: peak memory must be an integer")
+        if device is None and peaks == [None, None]:
+            return stage
+        return stage.with_device(device, peaks[0], peaks[1])
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """How busy the device was over a phase's steps, from events: the device time of each whole step
+    (``busy_ns``) and the gaps between one step's device work and the next step's (``idle_ns``)."""
+
+    busy_ns: int = 0
+    idle_ns: int = 0
+    steps: int = 0
+
+    @property
+    def idle_share(self) -> float:
+        """Fraction of the device's timeline spent idle between steps; NaN without device measurements."""
+        span = self.busy_ns + self.idle_ns
+        return self.idle_ns / span if span else math.nan
+
+    def merge(self, other: DeviceLoad) -> DeviceLoad:
+        return DeviceLoad(self.busy_ns + other.busy_ns, self.idle_ns + other.idle_ns, self.steps + other.steps)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"busy_ns": self.busy_ns, "idle_ns": self.idle_ns, "steps": self.steps}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceLoad:
+        values = [data["busy_ns"], data["idle_ns"], data["steps"]]
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            raise TypeError("device busy_ns, idle_ns and steps must be integers")
+        return cls(*values)
 
 
 @dataclass(frozen=True)
@@ -145,6 +210,7 @@ class PhaseSummary:
     counters: Mapping[str, float]
     loop_ns: int
     steps: int
+    device: DeviceLoad = field(default_factory=DeviceLoad)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
@@ -174,6 +240,14 @@ class PhaseSummary:
             return MappingProxyType({})
         return MappingProxyType({unit: value / seconds for unit, value in self.counters.items()})
 
+    @property
+    def device_throughput(self) -> Mapping[str, float]:
+        """Units per second of device-busy time (empty without device measurements)."""
+        seconds = self.device.busy_ns / NS_PER_S
+        if not seconds:
+            return MappingProxyType({})
+        return MappingProxyType({unit: value / seconds for unit, value in self.counters.items()})
+
     def merge(self, other: PhaseSummary) -> PhaseSummary:
         stages = dict(self.stages)
         for path, stage in other.stages.items():
@@ -182,7 +256,12 @@ class PhaseSummary:
         for unit, value in other.counters.items():
             counters[unit] = counters.get(unit, 0) + value
         return PhaseSummary(
-            self.name, _tree_order(stages), counters, self.loop_ns + other.loop_ns, self.steps + other.steps
+            self.name,
+            _tree_order(stages),
+            counters,
+            self.loop_ns + other.loop_ns,
+            self.steps + other.steps,
+            self.device.merge(other.device),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,6 +270,7 @@ class PhaseSummary:
             "counters": dict(self.counters),
             "loop_ns": self.loop_ns,
             "steps": self.steps,
+            "device": self.device.to_dict(),
         }
 
     @classmethod
@@ -200,7 +280,8 @@ class PhaseSummary:
         for unit, value in counters.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"counter {unit!r} must be a number")
-        return cls(name, _tree_order(stages), counters, int(data["loop_ns"]), int(data["steps"]))
+        device = DeviceLoad.from_dict(data["device"]) if data.get("device") is not None else DeviceLoad()
+        return cls(name, _tree_order(stages), counters, int(data["loop_ns"]), int(data["steps"]), device)
 
 
 @dataclass(frozen=True)
@@ -212,10 +293,13 @@ class Summary:
     elapsed: float = 0.0
     """Wall-clock seconds of the whole run, across resumes."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    out_of_memory: tuple[OutOfMemory, ...] = ()
+    """Out-of-memory errors raised inside stages, with the device memory at that moment."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phases", MappingProxyType(dict(self.phases)))
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        object.__setattr__(self, "out_of_memory", tuple(self.out_of_memory))
 
     @property
     def main_phase(self) -> PhaseSummary:
@@ -241,13 +325,16 @@ class Summary:
         phases = dict(self.phases)
         for name, phase in other.phases.items():
             phases[name] = phases[name].merge(phase) if name in phases else phase
-        return Summary(phases, max(self.elapsed, other.elapsed), dict(self.metadata))
+        return Summary(
+            phases, max(self.elapsed, other.elapsed), dict(self.metadata), self.out_of_memory + other.out_of_memory
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "elapsed": self.elapsed,
             "metadata": _plain(self.metadata),
             "phases": {name: phase.to_dict() for name, phase in self.phases.items()},
+            "out_of_memory": [asdict(event) for event in self.out_of_memory],
         }
 
     @classmethod
@@ -256,7 +343,8 @@ class Summary:
         elapsed = data["elapsed"]
         if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
             raise TypeError("elapsed must be a number")
-        return cls(phases, float(elapsed), dict(data["metadata"]))
+        ooms = tuple(OutOfMemory(**dict(event)) for event in data.get("out_of_memory", ()))
+        return cls(phases, float(elapsed), dict(data["metadata"]), ooms)
 
 
 def _tree_order(stages: Mapping[str, StageStats]) -> dict[str, StageStats]:
@@ -273,6 +361,14 @@ def _tree_order(stages: Mapping[str, StageStats]) -> dict[str, StageStats]:
         return tuple(result)
 
     return {path: stages[path] for path in sorted(stages, key=position)}
+
+
+def _max_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
 
 
 def _plain(value: Any) -> Any:
