@@ -56,6 +56,8 @@ class TorchDevice:
         self._cuda: Any = None
         self.device = torch.device(device)
         if self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"stepwatch: device={str(device)!r} was asked for, but CUDA is not available here")
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             self.device = torch.device("cuda", index)
             self._cuda = torch.cuda

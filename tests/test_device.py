@@ -1,0 +1,208 @@
+"""Device timing through the test double: events, lazy resolution, idle gaps, memory, OOM, sync, NVTX."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+import stepwatch
+from stepwatch import Stopwatch
+
+from .conftest import FakeClock
+from .fake_device import FakeDevice, FakeOutOfMemoryError
+
+MS = 1_000_000  # ns
+
+
+def make(clock: FakeClock, **kwargs: object) -> tuple[Stopwatch, FakeDevice]:
+    device = FakeDevice(clock)
+    sw = Stopwatch(clock=clock, device=device, **kwargs)  # type: ignore[arg-type]
+    sw.enable()
+    return sw, device
+
+
+def train(sw: Stopwatch, device: FakeDevice, clock: FakeClock, steps: int, *, load_ns: int, fwd: int, bwd: int) -> None:
+    """A loop whose loader costs ``load_ns`` of CPU time and whose stages launch device work."""
+
+    def batches():
+        for i in range(steps):
+            clock.advance(load_ns)
+            yield i
+
+    for _ in sw.timed_iter(batches()):
+        with sw.timed("forward"):
+            device.launch(fwd)
+            clock.advance(MS // 10)  # launching costs the CPU 0.1 ms
+        with sw.timed("backward"):
+            device.launch(bwd)
+            clock.advance(MS // 5)
+        sw.count(samples=32)
+
+
+def test_gpu_bound_loop_device_times_without_synchronize(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    train(sw, device, clock, 50, load_ns=MS // 2, fwd=6 * MS, bwd=10 * MS)
+    assert device.calls["synchronize"] == 0  # the hot path never synchronizes
+    summary = sw.summary()
+    assert device.calls["synchronize"] == 1  # pending events resolved once, for the summary
+    stages = summary.stages
+    assert stages["step/forward"].device.mean == pytest.approx(6e-3)
+    assert stages["step/backward"].device.mean == pytest.approx(10e-3)
+    assert stages["step/forward"].mean == pytest.approx(0.1e-3)  # the CPU only launched the work
+    assert stages["step/forward"].device.calls == 50
+    children = stages["step/forward"].device.total + stages["step/backward"].device.total
+    assert children == pytest.approx(stages["step"].device.total, rel=0.05)
+    assert summary.main_phase.device.idle_share == pytest.approx(0.0, abs=0.01)
+    assert summary.main_phase.device_throughput["samples"] == pytest.approx(32 / 16e-3, rel=0.01)
+
+
+def test_input_starved_loop_shows_high_idle_share(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    train(sw, device, clock, 50, load_ns=10 * MS, fwd=MS // 2, bwd=MS // 2)
+    load = sw.summary().main_phase.device
+    assert load.steps == 50
+    # each step keeps the device busy ~1 ms, then it waits ~10 ms for the next batch
+    assert load.idle_share == pytest.approx(10 / 11, abs=0.02)
+    assert sw.summary().share("loader") == pytest.approx(10 / 10.3, abs=0.02)
+
+
+def test_events_are_pooled_and_reused(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    train(sw, device, clock, 500, load_ns=MS, fwd=MS // 10, bwd=MS // 10)
+    sw.summary()
+    assert device.calls["record"] == 500 * 6  # start and end of step, forward and backward
+    assert device.events_created <= 12  # the same few events go round
+
+
+def test_resolution_is_lazy_and_in_order(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    train(sw, device, clock, 5, load_ns=0, fwd=100 * MS, bwd=100 * MS)
+    # the device is far behind: nothing could be resolved yet, and nothing was forced
+    assert device.calls["elapsed"] == 0 and device.calls["synchronize"] == 0
+    assert device.calls["query"] <= 5  # one failed query per step boundary, no more
+    assert sw.summary().stages["step/forward"].device.calls == 5
+
+
+def test_bounded_queue_drains_with_one_synchronize_when_full(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    assert sw._device is not None
+    sw._device.max_pending = 9  # 3 measurements per step: full every 3 steps
+    train(sw, device, clock, 12, load_ns=0, fwd=100 * MS, bwd=100 * MS)
+    assert device.calls["synchronize"] == 4
+    assert sw.summary().stages["step/backward"].device.calls == 12
+
+
+def test_nested_peak_memory(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    device.allocate(100)
+    with sw.timed("outer"):
+        device.allocate(50)
+        with sw.timed("big"):
+            device.allocate(1000)
+            device.free(1000)
+        with sw.timed("small"):
+            device.allocate(10)
+            device.free(10)
+        device.free(50)
+    stages = sw.summary().stages
+    assert stages["outer/big"].peak_allocated == 1150
+    assert stages["outer/small"].peak_allocated == 160  # the big sibling's peak does not leak into it
+    assert stages["outer"].peak_allocated == 1150  # a parent's peak is at least each child's
+
+
+def test_known_tensor_shows_in_its_stage_peak(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    for _ in sw.timed_iter(range(3)):
+        with sw.timed("forward"):
+            device.allocate(64 * 2**20)
+            device.free(64 * 2**20)
+    stages = sw.summary().stages
+    assert stages["step/forward"].peak_allocated >= 64 * 2**20
+    assert stages["step"].peak_allocated >= stages["step/forward"].peak_allocated
+    assert "peak MiB" in sw.report() and "64.0" in sw.report()
+
+
+def test_out_of_memory_is_recorded_then_propagates(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    error = FakeOutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore details")
+    with pytest.raises(FakeOutOfMemoryError) as raised:
+        for _ in sw.timed_iter(range(3)):
+            with sw.timed("forward"):
+                device.allocate(3000)
+                raise error
+    assert raised.value is error
+    (event,) = sw.summary().out_of_memory
+    assert (event.phase, event.stage, event.allocated) == ("train", "step/forward", 3000)
+    assert event.message == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert "out of memory in train:step/forward" in sw.report()
+
+
+def test_sync_mode_synchronizes_at_boundaries_and_says_so(clock: FakeClock) -> None:
+    sw, device = make(clock, sync=True)
+    train(sw, device, clock, 10, load_ns=MS, fwd=6 * MS, bwd=10 * MS)
+    assert device.calls["synchronize"] >= 10 * 4
+    stages = sw.summary().stages
+    assert stages["step/forward"].mean == pytest.approx(6e-3, rel=0.05)  # wall time now includes the work
+    assert stages["step/backward"].mean == pytest.approx(10e-3, rel=0.05)
+    assert "sync mode on" in sw.report()
+    assert sw.summary().metadata["config"]["sync"] is True
+
+
+def test_nvtx_ranges_name_the_stages(clock: FakeClock) -> None:
+    sw, device = make(clock, nvtx=True)
+    train(sw, device, clock, 2, load_ns=0, fwd=MS, bwd=MS)
+    assert device.range_log[:4] == [("push", "step"), ("push", "forward"), ("pop", "forward"), ("push", "backward")]
+    assert device.ranges == []  # balanced
+
+
+def test_sync_and_nvtx_need_a_device() -> None:
+    with pytest.raises(ValueError, match="need a device"):
+        Stopwatch(sync=True)
+
+
+def test_report_has_device_columns_and_idle_share(clock: FakeClock) -> None:
+    sw, device = make(clock)
+    train(sw, device, clock, 5, load_ns=10 * MS, fwd=MS, bwd=MS)
+    text = sw.report()
+    assert "dev ms/call" in text and "peak MiB" in text
+    assert "idle" in text and "between steps" in text
+    assert "fake:0 Test Accelerator" in text
+    cpu_only = Stopwatch(clock=clock)
+    cpu_only.enable()
+    with cpu_only.timed("x"):
+        pass
+    assert "dev ms/call" not in cpu_only.report()
+    assert math.isnan(cpu_only.summary().main_phase.device.idle_share)
+
+
+def test_device_figures_survive_save_load_and_resume(clock: FakeClock, tmp_path: Path) -> None:
+    import torch
+
+    sw, device = make(clock)
+    train(sw, device, clock, 4, load_ns=MS, fwd=2 * MS, bwd=3 * MS)
+    sw.save(tmp_path / "run.json")
+    loaded = stepwatch.load(tmp_path / "run.json")
+    assert loaded.stages["step/forward"].device == sw.summary().stages["step/forward"].device
+    assert loaded.main_phase.device == sw.summary().main_phase.device
+
+    torch.save(sw.state_dict(), tmp_path / "c.pt")
+    resumed, device2 = make(clock)
+    resumed.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=True))
+    train(resumed, device2, clock, 4, load_ns=MS, fwd=2 * MS, bwd=3 * MS)
+    summary = resumed.summary()
+    assert summary.stages["step/forward"].device.calls == 8
+    assert summary.main_phase.device.steps == 8
+    assert summary.metadata["devices"] == ["fake:0 Test Accelerator"]
+
+
+def test_cuda_requested_without_cuda_is_a_clear_error() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    sw = Stopwatch(device="cuda")  # constructing opens nothing
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        sw.enable()
+    assert not sw.is_enabled()
