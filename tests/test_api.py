@@ -30,6 +30,8 @@ PUBLIC = {
     "summary",
     "timed",
     "timed_iter",
+    "timed_transform",
+    "watch",
 }
 
 

@@ -18,6 +18,7 @@ from ._recorder import Stopwatch
 from ._render import FORMATS
 from ._saved import FormatError, load_summary
 from ._summary import PhaseSummary, StageStats, Summary
+from ._workers import TimedTransform as timed_transform
 
 __all__ = [
     "ConfigError",
@@ -41,6 +42,8 @@ __all__ = [
     "summary",
     "timed",
     "timed_iter",
+    "timed_transform",
+    "watch",
 ]
 
 try:
@@ -57,6 +60,7 @@ disable = _default.disable
 is_enabled = _default.is_enabled
 timed = _default.timed
 timed_iter = _default.timed_iter
+watch = _default.watch
 count = _default.count
 report = _default.report
 summary = _default.summary

@@ -16,12 +16,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ._device import DeviceTimer, _Loop
 from ._stats import DEFAULT_WINDOW, RunningStats
-from ._summary import OTHER, DeviceLoad, PhaseSummary, StageStats, Summary
+from ._summary import OTHER, DeviceLoad, PhaseSummary, StageStats, Summary, WorkerStats
+from ._workers import WatchedLoader, WorkerReport
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,7 +42,17 @@ STATE_VERSION = 1
 class _Node:
     """One stage in the hierarchy of one phase: its buffers, statistics and children by name."""
 
-    __slots__ = ("buf", "children", "device_buf", "device_stats", "path", "peak_allocated", "peak_reserved", "stats")
+    __slots__ = (
+        "buf",
+        "children",
+        "device_buf",
+        "device_stats",
+        "in_workers",
+        "path",
+        "peak_allocated",
+        "peak_reserved",
+        "stats",
+    )
 
     def __init__(self, path: str, window: int) -> None:
         self.path = path
@@ -52,6 +63,7 @@ class _Node:
         self.device_stats = RunningStats(window=window)
         self.peak_allocated = -1  # bytes; -1: never measured on a device
         self.peak_reserved = -1
+        self.in_workers = False  # measured in DataLoader worker processes, not inside its parent's time
 
     def child_path(self, name: str) -> str:
         return f"{self.path}/{name}" if self.path else name
@@ -70,6 +82,7 @@ class _Phase:
         "root",
         "schedule_pos",
         "steps",
+        "workers",
     )
 
     def __init__(self, name: str, window: int) -> None:
@@ -82,6 +95,31 @@ class _Phase:
         self.device_busy_ns = 0
         self.device_idle_ns = 0
         self.device_steps = 0
+        self.workers: dict[int, _WorkerTotals] = {}
+
+
+class _WorkerTotals:
+    """What the batches from one DataLoader worker id told the main process, across its restarts."""
+
+    __slots__ = ("batches", "busy_ns", "spans", "wait_ns", "wall_before_ns")
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.busy_ns = 0
+        self.wait_ns = 0
+        self.spans: dict[int, list[int]] = {}  # pid -> [started_ns, last_ready_ns]
+        self.wall_before_ns = 0  # carried over from a resumed run
+
+    def add(self, report: WorkerReport, received_ns: int) -> None:
+        self.batches += 1
+        self.busy_ns += report.busy_ns
+        self.wait_ns += max(received_ns - report.ready_ns, 0)
+        span = self.spans.setdefault(report.pid, [report.started_ns, report.ready_ns])
+        span[1] = max(span[1], report.ready_ns)
+
+    def stats(self, worker_id: int) -> WorkerStats:
+        wall = self.wall_before_ns + sum(last - first for first, last in self.spans.values())
+        return WorkerStats(worker_id, self.batches, self.busy_ns, wall, self.wait_ns)
 
 
 @dataclass(frozen=True)
@@ -375,6 +413,50 @@ class Stopwatch:
             return iter(iterable)
         return self._iterate(iterable, stage, body, phase)
 
+    def watch(
+        self, loader: Any, stage: str = "loader", body: str = "step", phase: str | None = None
+    ) -> WatchedLoader[Any]:
+        """Iterate a ``torch.utils.data.DataLoader`` like :meth:`timed_iter`, with the data pipeline seen from
+        inside: each sample's ``dataset`` read, ``collate`` and every ``stepwatch.timed`` block run in the
+        workers come back under ``<stage>/...``, with per-worker figures. The loader is instrumented in place
+        (its ``collate_fn`` and ``worker_init_fn`` are wrapped); the batches are exactly what it yields."""
+        _check_name(stage, "stage")
+        _check_name(body, "body")
+        return WatchedLoader(loader, self, stage, body, phase)
+
+    def _take(self) -> dict[str, tuple[list[int], dict[str, Any] | None]]:
+        """In a worker: hands over every measurement recorded since the last call, and forgets it."""
+        taken: dict[str, tuple[list[int], dict[str, Any] | None]] = {}
+        with self._lock:
+            for phase in self._phases.values():
+                _take_from(phase.root, taken)
+        return taken
+
+    def _receive_worker_report(self, report: WorkerReport) -> None:
+        """In the main process: files a batch's worker measurements under the loader stage now waiting."""
+        if not self._measuring:
+            return
+        received = time.perf_counter_ns()  # the workers' clock: CLOCK_MONOTONIC, shared by the host
+        stack = self._thread_stack()
+        prefix = stack[-1][1]
+        name = self._local.__dict__.get("phase", DEFAULT_PHASE)
+        phase = self._phases.get(name) or self._phase(name)
+        with self._lock:
+            for path, (durations, folded) in report.stages.items():
+                node = prefix
+                for part in path.split("/"):
+                    node = node.children.get(part) or self._add_child(node, part)
+                    node.in_workers = True
+                node.buf.extend(durations)
+                if folded is not None:
+                    node.stats = node.stats.merge(RunningStats.from_dict(folded))
+                if len(node.buf) >= _FOLD:
+                    self._fold(node)
+            totals = phase.workers.get(report.worker_id)
+            if totals is None:
+                totals = phase.workers[report.worker_id] = _WorkerTotals()
+            totals.add(report, received)
+
     def _iterate(self, iterable: Iterable[T], stage: str, body: str, phase_name: str | None) -> Iterator[T]:
         clock = self._clock
         stack = self._thread_stack()
@@ -544,7 +626,7 @@ class Stopwatch:
             for name, phase in self._phases.items():
                 stages: dict[str, StageStats] = {}
                 _collect(self, phase.root, stages)
-                if stages or phase.counters:
+                if stages or phase.counters or phase.workers:
                     phases[name] = PhaseSummary(
                         name,
                         stages,
@@ -552,6 +634,7 @@ class Stopwatch:
                         phase.loop_ns,
                         phase.steps,
                         DeviceLoad(phase.device_busy_ns, phase.device_idle_ns, phase.device_steps),
+                        {worker_id: totals.stats(worker_id) for worker_id, totals in sorted(phase.workers.items())},
                     )
             ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
             return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(self), ooms)
@@ -641,6 +724,11 @@ class Stopwatch:
                             child.peak_allocated = stage.peak_allocated
                         if stage.peak_reserved is not None:
                             child.peak_reserved = stage.peak_reserved
+                        child.in_workers = stage.in_workers
+                for worker_id, worker in phase_summary.workers.items():
+                    totals = phase.workers[worker_id] = _WorkerTotals()
+                    totals.batches, totals.busy_ns, totals.wait_ns = worker.batches, worker.busy_ns, worker.wait_ns
+                    totals.wall_before_ns = worker.wall_ns
                 phase.device_busy_ns = phase_summary.device.busy_ns
                 phase.device_idle_ns = phase_summary.device.idle_ns
                 phase.device_steps = phase_summary.device.steps
@@ -665,6 +753,8 @@ def _collect(stopwatch: Stopwatch, node: _Node, out: dict[str, StageStats]) -> N
         if child.stats.calls == 0 and not below:
             continue
         parent = StageStats.from_running(child.path, child.stats)
+        if child.in_workers:
+            parent = replace(parent, in_workers=True)
         if child.device_stats.calls or child.peak_allocated >= 0:
             parent = parent.with_device(
                 StageStats.from_running(child.path, child.device_stats) if child.device_stats.calls else None,
@@ -673,9 +763,30 @@ def _collect(stopwatch: Stopwatch, node: _Node, out: dict[str, StageStats]) -> N
             )
         out[child.path] = parent
         out.update(below)
-        direct = [below[grandchild.path] for grandchild in child.children.values() if grandchild.path in below]
+        direct = [
+            below[grandchild.path]
+            for grandchild in child.children.values()
+            # time measured in workers ran beside a main-process parent, not inside it
+            if grandchild.path in below and grandchild.in_workers == child.in_workers
+        ]
         if direct and parent.calls:
-            out[f"{child.path}/{OTHER}"] = StageStats.uncovered(parent, direct)
+            other = StageStats.uncovered(parent, direct)
+            out[other.path] = replace(other, in_workers=True) if child.in_workers else other
+
+
+def _take_from(node: _Node, taken: dict[str, tuple[list[int], dict[str, Any] | None]]) -> None:
+    for child in node.children.values():
+        if child.buf or child.stats.calls:
+            buf = child.buf
+            count = len(buf)
+            chunk = buf[:count]
+            del buf[:count]
+            folded = None
+            if child.stats.calls:
+                folded = child.stats.to_dict()
+                child.stats = RunningStats(window=child.stats.window)
+            taken[child.path] = (chunk, folded)
+        _take_from(child, taken)
 
 
 def _pop_frame(stack: list[Frame], frame: Frame) -> bool:

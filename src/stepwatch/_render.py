@@ -74,12 +74,13 @@ def _render_phase(phase: PhaseSummary) -> str:
             cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=False)
         ]
         lines.append("  ".join(cells).rstrip())
+    lines.extend(_workers_section(phase))
     return "\n".join(lines) + "\n\n"
 
 
 def _row(phase: PhaseSummary, stage: StageStats, with_device: bool) -> tuple[str, ...]:
     cells = (
-        "  " * stage.depth + stage.name,
+        "  " * stage.depth + stage.name + (" [w]" if stage.in_workers else ""),
         f"{stage.calls:,}",
         f"{stage.total:.3f}",
         _ms(stage.mean),
@@ -88,13 +89,29 @@ def _row(phase: PhaseSummary, stage: StageStats, with_device: bool) -> tuple[str
         _ms(stage.p90),
         _ms(stage.p99),
         f"{len(stage.recent_ns):,}" if stage.spread else "-",
-        f"{phase.share(stage.path) * 100:.1f}",
+        _percent(phase.share(stage.path)),
     )
     if not with_device:
         return cells
     device = _ms(stage.device.mean) if stage.device is not None else "-"
     peak = f"{stage.peak_allocated / MIB:,.1f}" if stage.peak_allocated is not None else "-"
     return (*cells, device, peak)
+
+
+def _percent(fraction: float) -> str:
+    return "-" if math.isnan(fraction) else f"{fraction * 100:.1f}"
+
+
+def _workers_section(phase: PhaseSummary) -> list[str]:
+    if not phase.workers:
+        return []
+    lines = [f"workers ({len(phase.workers)}); [w] rows ran inside them, % of their busy time:"]
+    for worker in phase.workers.values():
+        lines.append(
+            f"  worker {worker.worker_id}: {worker.batches:,} batches, {_ms(worker.busy_per_batch)} ms busy per batch,"
+            f" utilization {_percent(worker.utilization)}%, batches waited {_ms(worker.wait_per_batch)} ms ready"
+        )
+    return lines
 
 
 def render_tsv(summary: Summary) -> str:

@@ -43,6 +43,8 @@ class StageStats:
     peak_allocated: int | None = None
     """Highest device memory allocated during the stage, in bytes (max over calls); None without a device."""
     peak_reserved: int | None = None
+    in_workers: bool = False
+    """Measured inside DataLoader worker processes: it ran beside the main process's time, not inside it."""
 
     def with_device(
         self, device: StageStats | None, peak_allocated: int | None, peak_reserved: int | None
@@ -132,6 +134,7 @@ class StageStats:
                 self.path, self.calls + other.calls, self.total_ns + other.total_ns, 0, 0, 0, (), self.window, False
             )
         device = self.device.merge(other.device) if self.device and other.device else self.device or other.device
+        merged = replace(merged, in_workers=self.in_workers)
         return merged.with_device(
             device,
             _max_opt(self.peak_allocated, other.peak_allocated),
@@ -150,6 +153,8 @@ class StageStats:
             data["peak_allocated"] = self.peak_allocated
         if self.peak_reserved is not None:
             data["peak_reserved"] = self.peak_reserved
+        if self.in_workers:
+            data["in_workers"] = True
         return data
 
     @classmethod
@@ -162,6 +167,8 @@ class StageStats:
             stage = cls(path, calls, total, 0, 0, 0, (), window, spread=False)
         else:
             stage = cls.from_running(path, RunningStats.from_dict(dict(data)))
+        if data.get("in_workers") is True:
+            stage = replace(stage, in_workers=True)
         device = cls.from_dict(path, data["device"]) if data.get("device") is not None else None
         peaks = [data.get("peak_allocated"), data.get("peak_reserved")]
         for value in peaks:
@@ -202,6 +209,52 @@ class DeviceLoad:
 
 
 @dataclass(frozen=True)
+class WorkerStats:
+    """One DataLoader worker (by worker id, across restarts): batches it produced, time it spent producing
+    them (``busy_ns``: from starting a batch's first sample to the collated batch), its wall time from start
+    to its last batch, and the total time its batches waited, ready, before the main process took them."""
+
+    worker_id: int
+    batches: int
+    busy_ns: int
+    wall_ns: int
+    wait_ns: int
+
+    @property
+    def utilization(self) -> float:
+        """Busy over wall time: near 1 means this worker never rests, so more workers would help."""
+        return self.busy_ns / self.wall_ns if self.wall_ns else math.nan
+
+    @property
+    def busy_per_batch(self) -> float:
+        return self.busy_ns / self.batches / NS_PER_S if self.batches else math.nan
+
+    @property
+    def wait_per_batch(self) -> float:
+        """Seconds a batch sat ready in the prefetch queue (worker time hidden by prefetching)."""
+        return self.wait_ns / self.batches / NS_PER_S if self.batches else math.nan
+
+    def merge(self, other: WorkerStats) -> WorkerStats:
+        return WorkerStats(
+            self.worker_id,
+            self.batches + other.batches,
+            self.busy_ns + other.busy_ns,
+            self.wall_ns + other.wall_ns,
+            self.wait_ns + other.wait_ns,
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return {"batches": self.batches, "busy_ns": self.busy_ns, "wall_ns": self.wall_ns, "wait_ns": self.wait_ns}
+
+    @classmethod
+    def from_dict(cls, worker_id: int, data: Mapping[str, Any]) -> WorkerStats:
+        values = [data["batches"], data["busy_ns"], data["wall_ns"], data["wait_ns"]]
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            raise TypeError("worker figures must be integers")
+        return cls(worker_id, *values)
+
+
+@dataclass(frozen=True)
 class PhaseSummary:
     """One phase (``train``, ``val``, ...): its stages by path, counted units and measured loop time."""
 
@@ -211,10 +264,12 @@ class PhaseSummary:
     loop_ns: int
     steps: int
     device: DeviceLoad = field(default_factory=DeviceLoad)
+    workers: Mapping[int, WorkerStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
         object.__setattr__(self, "counters", MappingProxyType(dict(self.counters)))
+        object.__setattr__(self, "workers", MappingProxyType(dict(self.workers)))
 
     @property
     def measured_ns(self) -> int:
@@ -228,8 +283,14 @@ class PhaseSummary:
         return self.measured_ns / NS_PER_S
 
     def share(self, path: str) -> float:
-        """Fraction of the measured loader+step time spent in ``path``; KeyError for an unknown stage."""
+        """Fraction of the measured loader+step time spent in ``path``; KeyError for an unknown stage.
+
+        A stage measured inside DataLoader workers ran beside that time, so its share is of the workers'
+        busy time instead."""
         stage = self.stages[path]
+        if stage.in_workers:
+            busy = sum(worker.busy_ns for worker in self.workers.values())
+            return stage.total_ns / busy if busy else math.nan
         return stage.total_ns / self.measured_ns if self.measured_ns else 0.0
 
     @property
@@ -262,6 +323,7 @@ class PhaseSummary:
             self.loop_ns + other.loop_ns,
             self.steps + other.steps,
             self.device.merge(other.device),
+            _merge_workers(self.workers, other.workers),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -271,6 +333,7 @@ class PhaseSummary:
             "loop_ns": self.loop_ns,
             "steps": self.steps,
             "device": self.device.to_dict(),
+            "workers": {str(worker_id): worker.to_dict() for worker_id, worker in self.workers.items()},
         }
 
     @classmethod
@@ -281,7 +344,8 @@ class PhaseSummary:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"counter {unit!r} must be a number")
         device = DeviceLoad.from_dict(data["device"]) if data.get("device") is not None else DeviceLoad()
-        return cls(name, _tree_order(stages), counters, int(data["loop_ns"]), int(data["steps"]), device)
+        workers = {int(k): WorkerStats.from_dict(int(k), v) for k, v in dict(data.get("workers") or {}).items()}
+        return cls(name, _tree_order(stages), counters, int(data["loop_ns"]), int(data["steps"]), device, workers)
 
 
 @dataclass(frozen=True)
@@ -361,6 +425,13 @@ def _tree_order(stages: Mapping[str, StageStats]) -> dict[str, StageStats]:
         return tuple(result)
 
     return {path: stages[path] for path in sorted(stages, key=position)}
+
+
+def _merge_workers(a: Mapping[int, WorkerStats], b: Mapping[int, WorkerStats]) -> dict[int, WorkerStats]:
+    merged = dict(a)
+    for worker_id, worker in b.items():
+        merged[worker_id] = merged[worker_id].merge(worker) if worker_id in merged else worker
+    return merged
 
 
 def _max_opt(a: int | None, b: int | None) -> int | None:

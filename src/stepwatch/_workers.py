@@ -1,0 +1,261 @@
+"""The data pipeline seen from inside: timing in DataLoader workers, brought back with each batch.
+
+``Stopwatch.watch(loader)`` instruments a DataLoader in place (its ``collate_fn`` and ``worker_init_fn``, the
+two attributes a DataLoader lets one set after construction) and returns an iterable that times the loop like
+``timed_iter``. Inside each worker process the module-level default stopwatch records every ``timed`` block
+(each sample's ``dataset`` read, transforms wrapped with :func:`timed_transform`, the ``collate``, and the
+user's own blocks); when a batch is collated, the worker's measurements since the previous batch travel with
+that batch, inside a small carrier that the main process unwraps before the loop sees the batch. Nothing
+depends on a worker exiting cleanly: each batch carries its own timings.
+
+With ``num_workers=0`` everything runs in the main process and is recorded directly, nested under the loader.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What one batch brings back from its worker: who made it, how long it took, when it was ready, and
+    the worker's stage measurements since its previous batch (``{path: (durations_ns, folded_stats)}``)."""
+
+    worker_id: int
+    pid: int
+    started_ns: int
+    busy_ns: int
+    ready_ns: int
+    stages: dict[str, tuple[list[int], dict[str, Any] | None]]
+
+
+class Carrier:
+    """A batch travelling with its worker's report. Survives ``pin_memory`` (torch calls this method)."""
+
+    __slots__ = ("batch", "report")
+
+    def __init__(self, batch: Any, report: WorkerReport) -> None:
+        self.batch = batch
+        self.report = report
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Carrier, (self.batch, self.report))
+
+    def pin_memory(self) -> Carrier:
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return Carrier(pin_memory(self.batch), self.report)  # type: ignore[no-untyped-call]
+
+
+class _WorkerState:
+    """Per-process state of an instrumented worker (module-level: one per worker process)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.worker_id = -1
+        self.pid = 0
+        self.started_ns = 0
+        self.fetch_started_ns: int | None = None
+
+    def start(self, worker_id: int) -> None:
+        self.active = True
+        self.worker_id = worker_id
+        self.pid = os.getpid()
+        self.started_ns = time.perf_counter_ns()  # CLOCK_MONOTONIC: comparable across processes of one host
+        self.fetch_started_ns = None
+
+
+_state = _WorkerState()
+
+
+def _default_stopwatch() -> Stopwatch:
+    import stepwatch
+
+    return stepwatch._default
+
+
+def _in_worker() -> bool:
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
+
+
+class TimedCollate:
+    """Wraps a ``collate_fn``: times it as ``collate`` and, in a worker, sends the worker's timings along."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any], stopwatch: Stopwatch | None) -> None:
+        self.collate_fn = collate_fn
+        self.enabled = False
+        self._stopwatch = stopwatch  # the main process's; not sent to workers
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"collate_fn": self.collate_fn, "enabled": self.enabled, "_stopwatch": None}
+
+    def __call__(self, samples: Any) -> Any:
+        if not self.enabled:
+            return self.collate_fn(samples)
+        if not _state.active:  # the main process (num_workers=0): recorded directly under the loader
+            stopwatch = self._stopwatch or _default_stopwatch()
+            with stopwatch.timed("collate"):
+                return self.collate_fn(samples)
+        stopwatch = _default_stopwatch()
+        start = _state.fetch_started_ns
+        with stopwatch.timed("collate"):
+            batch = self.collate_fn(samples)
+        ready = time.perf_counter_ns()
+        busy = ready - (start if start is not None else ready)
+        _state.fetch_started_ns = None
+        report = WorkerReport(_state.worker_id, _state.pid, _state.started_ns, busy, ready, stopwatch._take())
+        return Carrier(batch, report)
+
+
+class TimedGetItems:
+    """Set as a map-style dataset's ``__getitems__`` (an instance attribute the DataLoader's fetcher looks
+    up): times each sample as ``dataset`` and marks when the worker started on the batch."""
+
+    def __init__(self, dataset: Any, inner: Callable[[Any], Any] | None, stopwatch: Stopwatch | None) -> None:
+        self.dataset = dataset
+        self.inner = inner
+        self._stopwatch = stopwatch
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "inner": self.inner, "_stopwatch": None}
+
+    def __call__(self, indices: Any) -> Any:
+        if _state.active:
+            _state.fetch_started_ns = time.perf_counter_ns()
+            stopwatch = _default_stopwatch()
+        else:
+            stopwatch = self._stopwatch or _default_stopwatch()
+        block = stopwatch.timed("dataset")
+        if self.inner is not None:
+            with block:
+                return self.inner(indices)
+        dataset = self.dataset
+        samples = []
+        for index in indices:
+            with block:
+                samples.append(dataset[index])
+        return samples
+
+
+def install_dataset_timing(dataset: Any, stopwatch: Stopwatch | None) -> TimedGetItems | None:
+    """Times a map-style dataset's samples; returns the installed wrapper (None for iterable datasets or
+    objects that take no attributes)."""
+    from torch.utils.data import IterableDataset
+
+    if isinstance(dataset, IterableDataset) or not hasattr(type(dataset), "__getitem__"):
+        return None
+    current = dataset.__dict__.get("__getitems__") if hasattr(dataset, "__dict__") else None
+    if isinstance(current, TimedGetItems):
+        return current
+    inner = getattr(dataset, "__getitems__", None) or None
+    wrapper = TimedGetItems(dataset, inner, stopwatch)
+    try:
+        dataset.__getitems__ = wrapper
+    except (AttributeError, TypeError):
+        return None
+    return wrapper
+
+
+def remove_dataset_timing(dataset: Any, wrapper: TimedGetItems) -> None:
+    if getattr(dataset, "__dict__", {}).get("__getitems__") is wrapper:
+        del dataset.__getitems__
+
+
+class WorkerInit:
+    """Wraps a ``worker_init_fn``: in each worker, starts a clean, enabled default stopwatch that never
+    autosaves (the main process owns the run file), and times the worker's copy of the dataset."""
+
+    def __init__(self, worker_init_fn: Callable[[int], Any] | None) -> None:
+        self.worker_init_fn = worker_init_fn
+        self.enabled = False
+
+    def __call__(self, worker_id: int) -> None:
+        if self.enabled:
+            from torch.utils.data import get_worker_info
+
+            stopwatch = _default_stopwatch()
+            stopwatch.out = None
+            stopwatch.disable()
+            stopwatch.reset()  # a forked worker inherits the parent's recording: start clean
+            stopwatch.enable()
+            _state.start(worker_id)
+            info = get_worker_info()
+            if info is not None:
+                install_dataset_timing(info.dataset, None)
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(worker_id)
+
+
+class TimedTransform(Generic[T]):
+    """A transform timed under ``name`` on the default stopwatch, picklable for spawned workers.
+
+    ``stepwatch.timed_transform(fn, "augment")``; inside a dataset's ``__getitem__`` it shows as
+    ``loader/dataset/augment``."""
+
+    def __init__(self, fn: Callable[..., T], name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> T:
+        with _default_stopwatch().timed(self.name):
+            return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"timed_transform({self.fn!r}, {self.name!r})"
+
+
+class WatchedLoader(Generic[T]):
+    """Iterates a DataLoader like ``timed_iter``, bringing back the timings its workers measured. The batches
+    are exactly what the DataLoader yields."""
+
+    def __init__(
+        self, loader: Any, stopwatch: Stopwatch, stage: str = "loader", body: str = "step", phase: str | None = None
+    ) -> None:
+        self.loader = loader
+        self.stopwatch = stopwatch
+        self.stage, self.body, self.phase = stage, body, phase
+        collate = loader.collate_fn
+        if not isinstance(collate, TimedCollate):
+            collate = TimedCollate(collate, stopwatch)
+            loader.collate_fn = collate
+        self._collate = collate
+        init = loader.worker_init_fn
+        if not isinstance(init, WorkerInit):
+            init = WorkerInit(init)
+            loader.worker_init_fn = init
+        self._init = init
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[T]:
+        enabled = self.stopwatch.is_enabled()
+        self._collate.enabled = self._init.enabled = enabled
+        if not enabled:
+            return iter(self.loader)
+        return self.stopwatch.timed_iter(self._unwrapped(), self.stage, self.body, self.phase)
+
+    def _unwrapped(self) -> Iterator[T]:
+        in_main = self.loader.num_workers == 0
+        wrapper = install_dataset_timing(self.loader.dataset, self.stopwatch) if in_main else None
+        receive = self.stopwatch._receive_worker_report
+        try:
+            for item in self.loader:
+                if type(item) is Carrier:
+                    receive(item.report)
+                    item = item.batch
+                yield item
+        finally:
+            if wrapper is not None:
+                remove_dataset_timing(self.loader.dataset, wrapper)
