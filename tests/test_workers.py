@@ -115,7 +115,7 @@ def test_carrier_survives_torch_pin_memory() -> None:
 
     from stepwatch._workers import Carrier, WorkerReport
 
-    report = WorkerReport(0, 1, 2, 3, 4, {"dataset": ([5], None)})
+    report: WorkerReport = (0, 1, 2, 3, 4, {"dataset": (1, 5, 25, 5, 5, [5])})
     batch = {"x": torch.ones(2), "name": ["a"]}
     try:
         pinned = pin_memory(Carrier(batch, report))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ._device import DeviceTimer, _Loop
-from ._stats import DEFAULT_WINDOW, RunningStats
+from ._stats import DEFAULT_WINDOW, Partial, RunningStats, partial_of
 from ._summary import OTHER, DeviceLoad, PhaseSummary, StageStats, Summary, WorkerStats
 from ._workers import WatchedLoader, WorkerReport
 
@@ -111,11 +111,15 @@ class _WorkerTotals:
         self.wall_before_ns = 0  # carried over from a resumed run
 
     def add(self, report: WorkerReport, received_ns: int) -> None:
+        _, pid, started, busy, ready, _ = report
         self.batches += 1
-        self.busy_ns += report.busy_ns
-        self.wait_ns += max(received_ns - report.ready_ns, 0)
-        span = self.spans.setdefault(report.pid, [report.started_ns, report.ready_ns])
-        span[1] = max(span[1], report.ready_ns)
+        self.busy_ns += busy
+        self.wait_ns += max(received_ns - ready, 0)
+        span = self.spans.get(pid)
+        if span is None:
+            self.spans[pid] = [started, ready]
+        elif ready > span[1]:
+            span[1] = ready
 
     def stats(self, worker_id: int) -> WorkerStats:
         wall = self.wall_before_ns + sum(last - first for first, last in self.spans.values())
@@ -371,6 +375,7 @@ class Stopwatch:
                 self._session_start_ns = self._clock()
 
     def _reset_state(self) -> None:
+        self._worker_nodes: dict[tuple[_Node, str], _Node] = {}  # (loader node, worker path) -> node
         self._phases = {}
         self._stacks = []
         self._local = threading.local()
@@ -424,9 +429,9 @@ class Stopwatch:
         _check_name(body, "body")
         return WatchedLoader(loader, self, stage, body, phase)
 
-    def _take(self) -> dict[str, tuple[list[int], dict[str, Any] | None]]:
+    def _take(self) -> dict[str, Partial]:
         """In a worker: hands over every measurement recorded since the last call, and forgets it."""
-        taken: dict[str, tuple[list[int], dict[str, Any] | None]] = {}
+        taken: dict[str, Partial] = {}
         with self._lock:
             for phase in self._phases.values():
                 _take_from(phase.root, taken)
@@ -441,20 +446,20 @@ class Stopwatch:
         prefix = stack[-1][1]
         name = self._local.__dict__.get("phase", DEFAULT_PHASE)
         phase = self._phases.get(name) or self._phase(name)
+        resolved = self._worker_nodes
         with self._lock:
-            for path, (durations, folded) in report.stages.items():
-                node = prefix
-                for part in path.split("/"):
-                    node = node.children.get(part) or self._add_child(node, part)
-                    node.in_workers = True
-                node.buf.extend(durations)
-                if folded is not None:
-                    node.stats = node.stats.merge(RunningStats.from_dict(folded))
-                if len(node.buf) >= _FOLD:
-                    self._fold(node)
-            totals = phase.workers.get(report.worker_id)
+            for path, partial in report[5].items():
+                node = resolved.get((prefix, path))
+                if node is None:
+                    node = prefix
+                    for part in path.split("/"):
+                        node = node.children.get(part) or self._add_child(node, part)
+                        node.in_workers = True
+                    resolved[(prefix, path)] = node
+                node.stats.absorb(partial)
+            totals = phase.workers.get(report[0])
             if totals is None:
-                totals = phase.workers[report.worker_id] = _WorkerTotals()
+                totals = phase.workers[report[0]] = _WorkerTotals()
             totals.add(report, received)
 
     def _iterate(self, iterable: Iterable[T], stage: str, body: str, phase_name: str | None) -> Iterator[T]:
@@ -705,6 +710,7 @@ class Stopwatch:
             for stack in self._stacks:
                 del stack[1:]
             self._phases = {}
+            self._worker_nodes = {}
             for name, phase_summary in summary.phases.items():
                 phase = self._phase(name)
                 phase.counters = dict(phase_summary.counters)
@@ -774,18 +780,18 @@ def _collect(stopwatch: Stopwatch, node: _Node, out: dict[str, StageStats]) -> N
             out[other.path] = replace(other, in_workers=True) if child.in_workers else other
 
 
-def _take_from(node: _Node, taken: dict[str, tuple[list[int], dict[str, Any] | None]]) -> None:
+def _take_from(node: _Node, taken: dict[str, Partial]) -> None:
+    """Folds each stage's measurements here (in the worker, beside the main process) and hands them over."""
     for child in node.children.values():
-        if child.buf or child.stats.calls:
-            buf = child.buf
-            count = len(buf)
-            chunk = buf[:count]
-            del buf[:count]
-            folded = None
-            if child.stats.calls:
-                folded = child.stats.to_dict()
-                child.stats = RunningStats(window=child.stats.window)
-            taken[child.path] = (chunk, folded)
+        stats = child.stats
+        if stats.calls:  # more than a fold's worth since the last batch
+            stats.add_batch(child.buf)
+            child.buf = []
+            taken[child.path] = stats.partial()
+            stats.clear()
+        elif child.buf:
+            taken[child.path] = partial_of(child.buf, stats.window)
+            child.buf = []
         _take_from(child, taken)
 
 

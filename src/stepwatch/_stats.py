@@ -13,6 +13,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+Partial = tuple[int, int, int, int, int, list[int]]
+"""Statistics in transit: (calls, total_ns, sumsq_ns, min_ns, max_ns, recent_ns)."""
+
 DEFAULT_WINDOW = 1024
 """How many recent measurements each stage keeps for percentiles and the per-measurement export."""
 
@@ -57,6 +60,27 @@ class RunningStats:
         self.max_ns = high if self.max_ns is None else max(self.max_ns, high)
         self.recent.extend(durations)
 
+    def partial(self) -> Partial:
+        """These statistics as a plain tuple, cheap to pickle (for sending from a worker)."""
+        return (self.calls, self.total_ns, self.sumsq_ns, self.min_ns or 0, self.max_ns or 0, list(self.recent))
+
+    def clear(self) -> None:
+        self.calls = self.total_ns = self.sumsq_ns = 0
+        self.min_ns = self.max_ns = None
+        self.recent.clear()
+
+    def absorb(self, partial: Partial) -> None:
+        """Adds statistics sent as :meth:`partial`, exactly (the recent window takes theirs after ours)."""
+        calls, total, sumsq, low, high, recent = partial
+        if not calls:
+            return
+        self.calls += calls
+        self.total_ns += total
+        self.sumsq_ns += sumsq
+        self.min_ns = low if self.min_ns is None or low < self.min_ns else self.min_ns
+        self.max_ns = high if self.max_ns is None or high > self.max_ns else self.max_ns
+        self.recent.extend(recent)
+
     def merge(self, other: RunningStats) -> RunningStats:
         """A new accumulator holding both; totals are exact, the window keeps ``self``'s then ``other``'s."""
         merged = RunningStats(window=max(self.window, other.window))
@@ -96,6 +120,19 @@ class RunningStats:
         if stats.calls < 0 or (stats.calls == 0) != (stats.min_ns is None):
             raise ValueError("calls and min_ns disagree")
         return stats
+
+
+def partial_of(durations: list[int], window: int) -> Partial:
+    """Statistics of a batch of durations, ready to send (the list is kept, not copied, within the window)."""
+    recent = durations if len(durations) <= window else durations[-window:]
+    return (
+        len(durations),
+        sum(durations),
+        sum(map(operator.mul, durations, durations)),
+        min(durations),
+        max(durations),
+        recent,
+    )
 
 
 def variance_ns2(calls: int, total_ns: int, sumsq_ns: int) -> float:
