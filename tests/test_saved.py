@@ -143,3 +143,13 @@ def test_tsv_has_a_row_per_measurement_and_a_column_per_stage(clock: FakeClock) 
 
 def test_report_of_empty_recording_says_so() -> None:
     assert "nothing recorded" in Stopwatch().report()
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.33, 0.5, 0.77, 0.99])
+def test_file_cut_anywhere_is_a_format_error(tmp_path: Path, clock: FakeClock, fraction: float) -> None:
+    path = tmp_path / "run.json"
+    recorded(clock).save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(FormatError, match="truncated JSON"):
+        stepwatch.load(path)

@@ -118,7 +118,8 @@ def parse_summary(raw: bytes, path: str | os.PathLike[str] = "<bytes>") -> Summa
     except UnicodeDecodeError:
         raise FormatError(path, "not a JSON text file (invalid UTF-8)") from None
     except json.JSONDecodeError as error:
-        reason = "truncated JSON" if error.pos >= len(raw.rstrip()) - 1 else "not valid JSON"
+        at_end = error.pos >= len(raw.rstrip()) - 1 or error.msg.startswith("Unterminated string")
+        reason = "truncated JSON" if at_end else "not valid JSON"
         raise FormatError(path, f"{reason} ({error.msg} at line {error.lineno}, column {error.colno})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise FormatError(path, 'not a stepwatch run (no "format": "stepwatch" field)')
