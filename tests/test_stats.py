@@ -69,16 +69,17 @@ def test_single_call_has_zero_std() -> None:
 
 
 def test_summaries_of_two_recordings_merge_exactly(clock: FakeClock) -> None:
-    def record(durations: list[int]) -> Stopwatch:
+    def record(*epochs: list[int]) -> Stopwatch:
         sw = Stopwatch(clock=clock)
         sw.enable()
-        for ns in sw.timed_iter(durations):
-            with sw.timed("work"):
-                clock.advance(ns)
-            sw.count(samples=1)
+        for durations in epochs:
+            for ns in sw.timed_iter(durations):
+                with sw.timed("work"):
+                    clock.advance(ns)
+                sw.count(samples=1)
         return sw
 
-    a, b, both = record([5, 9, 2]), record([7, 1]), record([5, 9, 2, 7, 1])
+    a, b, both = record([5, 9, 2]), record([7, 1]), record([5, 9, 2], [7, 1])
     merged = a.summary().merge(b.summary())
     expected = both.summary()
     assert dict(merged.stages) == dict(expected.stages)

@@ -36,6 +36,8 @@ for a timed iterator's wait or body, or None for a phase root."""
 _LOOP = object()
 
 DEFAULT_PHASE = "train"
+FIRST_BATCH = "first_batch"
+"""Where the wait for the first item of each epoch goes, apart from the steady-state ``loader`` wait."""
 STATE_VERSION = 1
 
 
@@ -479,6 +481,7 @@ class Stopwatch:
         parent = stack[-1][1]
         wait_node = parent.children.get(stage) or self._add_child(parent, stage)
         body_node = parent.children.get(body) or self._add_child(parent, body)
+        first_node = parent.children.get(FIRST_BATCH) or self._add_child(parent, FIRST_BATCH)
         schedule = self.schedule
         warmup, measure_all = schedule.warmup, schedule.active is None
         loop_phase = phase if own_phase else None
@@ -504,7 +507,8 @@ class Stopwatch:
                         self._in_window = in_window
                         self._update_flags()
                 if self._measuring:
-                    wait_frame = (_LOOP, wait_node, now)
+                    first = index == 0 and own_phase  # a one-off: workers starting, caches filling
+                    wait_frame = (_LOOP, first_node if first else wait_node, now)
                     stack.append(wait_frame)
                 try:
                     item = next(iterator)
@@ -519,7 +523,7 @@ class Stopwatch:
                 index += 1
                 if wait_frame is not None:
                     frame, wait_frame = wait_frame, None
-                    self._close_frame(stack, frame, ready, loop_phase)
+                    self._close_frame(stack, frame, ready, loop_phase if frame[1] is wait_node else None)
                     if loop_phase is not None:
                         loop_phase.steps += 1
                     if device is None:
