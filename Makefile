@@ -13,13 +13,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,demo]"
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/python examples/train_small.py
+	$(BIN)/stepwatch demo
 
 lint: setup
 	$(BIN)/ruff check .

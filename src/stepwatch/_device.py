@@ -209,6 +209,9 @@ class DeviceTimer:
         if self.nvtx:
             backend.range_pop()
         self._pending.append((node, frame[3], stop, loop))
+        if loop is not None and backend.query(stop):
+            # the device already finished everything issued: at the end of this step it waited on the host
+            loop.phase.device_caught_up += 1
         if len(self._pending) >= self.max_pending:
             self.drain()
 

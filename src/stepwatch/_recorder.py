@@ -77,6 +77,7 @@ class _Phase:
     __slots__ = (
         "counters",
         "device_busy_ns",
+        "device_caught_up",
         "device_idle_ns",
         "device_steps",
         "loop_ns",
@@ -97,6 +98,7 @@ class _Phase:
         self.device_busy_ns = 0
         self.device_idle_ns = 0
         self.device_steps = 0
+        self.device_caught_up = 0
         self.workers: dict[int, _WorkerTotals] = {}
 
 
@@ -335,9 +337,19 @@ class Stopwatch:
 
     # -- switching ---------------------------------------------------------------------------------------
 
-    def enable(self, out: str | os.PathLike[str] | None = None) -> None:
+    def enable(
+        self,
+        out: str | os.PathLike[str] | None = None,
+        *,
+        warmup: int | None = None,
+        active: int | None = None,
+        every: int | None = None,
+    ) -> None:
         """Start recording. With ``out``, the run is also saved there at exit, on an uncaught exception and
-        on SIGTERM/SIGINT."""
+        on SIGTERM/SIGINT. ``warmup``, ``active`` and ``every``, when given, set a new schedule (see
+        :class:`Stopwatch`): the way to give the module-level default stopwatch one."""
+        if warmup is not None or active is not None or every is not None:
+            self.schedule = Schedule(warmup or 0, active, every)
         with self._lock:
             if self._device is None and self._device_spec is not None:
                 from ._device import make_backend
@@ -642,7 +654,9 @@ class Stopwatch:
                         phase.counters,
                         phase.loop_ns,
                         phase.steps,
-                        DeviceLoad(phase.device_busy_ns, phase.device_idle_ns, phase.device_steps),
+                        DeviceLoad(
+                            phase.device_busy_ns, phase.device_idle_ns, phase.device_steps, phase.device_caught_up
+                        ),
                         {worker_id: totals.stats(worker_id) for worker_id, totals in sorted(phase.workers.items())},
                     )
             ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
@@ -742,6 +756,7 @@ class Stopwatch:
                 phase.device_busy_ns = phase_summary.device.busy_ns
                 phase.device_idle_ns = phase_summary.device.idle_ns
                 phase.device_steps = phase_summary.device.steps
+                phase.device_caught_up = phase_summary.device.caught_up
             for name, position in positions.items():
                 self._phase(name).schedule_pos = position
             for stack in self._stacks:

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ._analysis import Comparison, Verdict
 from ._summary import PhaseSummary, StageStats, Summary
 
 MS = 1e3
@@ -30,6 +31,7 @@ def render_text(summary: Summary) -> str:
     if not summary.phases:
         return "stepwatch: nothing recorded (is it enabled? set STEPWATCH=1 or call stepwatch.enable())\n"
     sections = [_render_phase(phase) for phase in summary.phases.values()]
+    sections.append(render_verdict(summary.verdict))
     devices = summary.metadata.get("devices") or []
     footer = f"run: {summary.elapsed:.2f} s wall"
     if devices:
@@ -112,6 +114,53 @@ def _workers_section(phase: PhaseSummary) -> list[str]:
             f" utilization {_percent(worker.utilization)}%, batches waited {_ms(worker.wait_per_batch)} ms ready"
         )
     return lines
+
+
+def render_verdict(verdict: Verdict) -> str:
+    lines = [f"verdict: {verdict.headline}"]
+    lines.extend(f"  - {advice}" for advice in verdict.advice)
+    return "\n".join(lines) + "\n\n"
+
+
+def render_comparison(comparison: Comparison, before_name: str = "before", after_name: str = "after") -> str:
+    """Per stage ms/call before and after (absolute and relative change), time per step, throughput, verdicts."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else _ms(value)
+
+    header = ("stage", "before ms", "after ms", "change ms", "change %", "")
+    rows: list[tuple[str, ...]] = [header]
+    for change in (comparison.step, *comparison.stages):
+        note = "only before" if change.after is None else "only after" if change.before is None else ""
+        depth = change.path.count("/") if change is not comparison.step else 0
+        rows.append(
+            (
+                "  " * depth + (change.path.rsplit("/", 1)[-1] if depth else change.path),
+                ms(change.before),
+                ms(change.after),
+                "-" if change.delta is None else f"{change.delta * MS:+.3f}",
+                "-" if change.percent is None else f"{change.percent:+.1f}%",
+                note,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [f"stepwatch compare: {before_name} -> {after_name} (main phase, per call)"]
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:-1], widths[1:-1], strict=True)]
+        lines.append(("  ".join(cells) + "  " + row[-1]).rstrip())
+    for unit, (before, after) in comparison.throughput.items():
+        if before and after:
+            lines.append(f"{unit}/s: {_rate(before)} -> {_rate(after)} ({(after / before - 1) * 100:+.1f}%)")
+        else:
+            lines.append(f"{unit}/s: {_rate(before) if before else '-'} -> {_rate(after) if after else '-'}")
+    first, second = comparison.verdicts
+    if first.label == second.label:
+        lines.append(f"verdict: {second.label} in both")
+    else:
+        lines.append(f"verdict: {first.label} -> {second.label}")
+    lines.append(f"  before: {first.headline}")
+    lines.append(f"  after:  {second.headline}")
+    return "\n".join(lines) + "\n"
 
 
 def render_tsv(summary: Summary) -> str:

@@ -61,6 +61,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "torch": package_version("torch"),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "cpu_count": os.cpu_count(),
         "started_at": None if started is None else _iso(started),
         "devices": stopwatch.devices(),
         "config": {
@@ -80,7 +81,7 @@ def _iso(epoch_seconds: float) -> str:
 
 
 def summary_to_json(summary: Summary) -> str:
-    document = {"format": FORMAT, "schema": SCHEMA, **summary.to_dict()}
+    document = {"format": FORMAT, "schema": SCHEMA, **summary.to_dict(), "verdict": summary.verdict.to_dict()}
     return json.dumps(document, indent=1, allow_nan=False)
 
 

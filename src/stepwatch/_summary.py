@@ -11,9 +11,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._device import OutOfMemory
+
+if TYPE_CHECKING:
+    from ._analysis import Verdict
 from ._stats import RunningStats, percentile, variance_ns2
 
 NS_PER_S = 1e9
@@ -187,6 +190,12 @@ class DeviceLoad:
     busy_ns: int = 0
     idle_ns: int = 0
     steps: int = 0
+    caught_up: int = 0
+    """Steps at whose end the device had already finished all the work issued: it was waiting on the host."""
+
+    @property
+    def caught_up_share(self) -> float:
+        return self.caught_up / self.steps if self.steps else math.nan
 
     @property
     def idle_share(self) -> float:
@@ -195,14 +204,19 @@ class DeviceLoad:
         return self.idle_ns / span if span else math.nan
 
     def merge(self, other: DeviceLoad) -> DeviceLoad:
-        return DeviceLoad(self.busy_ns + other.busy_ns, self.idle_ns + other.idle_ns, self.steps + other.steps)
+        return DeviceLoad(
+            self.busy_ns + other.busy_ns,
+            self.idle_ns + other.idle_ns,
+            self.steps + other.steps,
+            self.caught_up + other.caught_up,
+        )
 
     def to_dict(self) -> dict[str, int]:
-        return {"busy_ns": self.busy_ns, "idle_ns": self.idle_ns, "steps": self.steps}
+        return {"busy_ns": self.busy_ns, "idle_ns": self.idle_ns, "steps": self.steps, "caught_up": self.caught_up}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DeviceLoad:
-        values = [data["busy_ns"], data["idle_ns"], data["steps"]]
+        values = [data["busy_ns"], data["idle_ns"], data["steps"], data.get("caught_up", 0)]
         if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
             raise TypeError("device busy_ns, idle_ns and steps must be integers")
         return cls(*values)
@@ -383,6 +397,13 @@ class Summary:
 
     def share(self, path: str) -> float:
         return self.main_phase.share(path)
+
+    @property
+    def verdict(self) -> Verdict:
+        """What bounds the training (input, host, compute or balanced), why, and what to do about it."""
+        from ._analysis import analyze
+
+        return analyze(self)
 
     def merge(self, other: Summary) -> Summary:
         """Exact combination of two recordings (same stages add up; percentiles use both windows)."""

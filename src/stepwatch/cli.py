@@ -6,8 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ._render import FORMATS, format_for_path
+from ._analysis import compare
+from ._render import FORMATS, format_for_path, render_comparison
 from ._saved import FormatError, load_summary
+from ._summary import Summary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,23 +28,77 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(FORMATS),
         help="output format (default: guessed from --output's extension, else text)",
     )
+    comparison = commands.add_parser("compare", help="compare two saved runs, stage by stage")
+    comparison.add_argument("before", help="the earlier run")
+    comparison.add_argument("after", help="the later run")
+    comparison.add_argument(
+        "--fail-if-slower",
+        type=float,
+        metavar="PCT",
+        help="exit 1 when the time per step, or a stage named with --stage, got slower by more than PCT percent",
+    )
+    comparison.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a stage to gate with --fail-if-slower (a path like step/forward, or a name); repeatable",
+    )
+
+    commands.add_parser("demo", help="train a small CNN twice and show what stepwatch tells (demo --help)")
     return parser
+
+
+def _load(path: str) -> Summary | None:
+    """Loads a saved run, or prints one line on stderr and returns None."""
+    try:
+        return load_summary(path)
+    except FormatError as error:
+        print(f"stepwatch: {error}", file=sys.stderr)
+    except OSError as error:
+        print(f"stepwatch: {path}: cannot read: {error.strerror or error}", file=sys.stderr)
+    return None
+
+
+def _compare(args: argparse.Namespace) -> int:
+    before, after = _load(args.before), _load(args.after)
+    if before is None or after is None:
+        return 2
+    if args.fail_if_slower is not None and args.fail_if_slower < 0:
+        print("stepwatch: --fail-if-slower needs a percentage of 0 or more", file=sys.stderr)
+        return 2
+    comparison = compare(before, after)
+    sys.stdout.write(render_comparison(comparison, args.before, args.after))
+    if args.fail_if_slower is None:
+        return 0
+    known = {change.path for change in comparison.stages}
+    unknown = [name for name in args.stage if not any(p == name or p.endswith(f"/{name}") for p in known)]
+    if unknown:
+        print(f"stepwatch: no stage named {', '.join(unknown)} in either run", file=sys.stderr)
+        return 2
+    failures = comparison.slower_than(args.fail_if_slower, args.stage)
+    if failures:
+        print(f"stepwatch: slower by more than {args.fail_if_slower:g}%: {'; '.join(failures)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code (2 for a bad file or bad arguments)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["demo"]:  # the demo parses its own options
+        from .demo import main as demo_main
+
+        return demo_main(arguments[1:])
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(arguments)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    try:
-        summary = load_summary(args.file)
-    except FormatError as error:
-        print(f"stepwatch: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"stepwatch: {args.file}: cannot read: {error.strerror or error}", file=sys.stderr)
+    if args.command == "compare":
+        return _compare(args)
+    summary = _load(args.file)
+    if summary is None:
         return 2
     if args.command == "report":
         sys.stdout.write(FORMATS["text"].render(summary))

@@ -1,0 +1,294 @@
+"""Analysis: from a summary to a verdict (what bounds the training, why, what to do) and run comparisons.
+
+Reads a :class:`~stepwatch._summary.Summary` only. The verdict looks at the steady state of the main phase
+(``train``): warm-up steps, the first batch of each epoch (``first_batch``) and the validation phase are
+recorded apart and do not move it.
+
+Rules, in order (the thresholds are TensorFlow's Input Pipeline Analyzer's):
+
+- **input-bound** when the share of time spent waiting for data is above ``HIGHLY`` (20%: "highly") or
+  ``MODERATELY`` (5%: "moderately"). On a GPU that share is the device's idle time between steps; on the CPU
+  it is the ``loader`` wait's share of the loop.
+- **host-bound** (GPU only) when the device is rarely idle between steps, yet at the end of at least
+  ``HOST_BOUND`` (50%) of the steps it had already finished all the work issued: it waits on the CPU issuing
+  work.
+- **compute-bound** when the device is busy (GPU), or on the CPU when the model stages (``forward``,
+  ``backward``, ``loss``, ``optimizer`` and the like) fill at least ``COMPUTE`` (50%) of the loop.
+- **balanced** otherwise: no single cause dominates; the largest stage is named.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._summary import PhaseSummary, StageStats, Summary
+
+HIGHLY = 0.20
+MODERATELY = 0.05
+HOST_BOUND = 0.50
+COMPUTE = 0.50
+WAIT, BODY, FIRST = "loader", "step", "first_batch"
+_COMPUTE_NAMES = re.compile(r"forward|backward|loss|optim|model|compute|train_step|fwd|bwd", re.IGNORECASE)
+_COPY_NAMES = re.compile(r"h2d|to_device|copy|transfer|to_gpu|to_cuda", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What bounds the training, in one line with its numbers, and advice that follows from the figures."""
+
+    kind: str
+    """``input-bound``, ``host-bound``, ``compute-bound``, ``balanced`` or ``unknown``."""
+    degree: str | None
+    """``highly`` or ``moderately`` for input-bound; None otherwise."""
+    headline: str
+    advice: tuple[str, ...] = ()
+    figures: Mapping[str, float] = field(default_factory=dict)
+    """The numbers behind it: input_share, compute_share, device_idle_share, caught_up_share,
+    workers_needed, ... (only those measured)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.degree} {self.kind}" if self.degree else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "degree": self.degree,
+            "headline": self.headline,
+            "advice": list(self.advice),
+            "figures": dict(self.figures),
+            "thresholds": {"highly": HIGHLY, "moderately": MODERATELY, "host_bound": HOST_BOUND, "compute": COMPUTE},
+        }
+
+
+def analyze(summary: Summary) -> Verdict:
+    """The verdict on the main phase of ``summary``."""
+    phase = summary.main_phase
+    stages = phase.stages
+    if BODY not in stages or not phase.measured_ns:
+        return Verdict("unknown", None, "unknown: no training loop measured (use timed_iter or watch)")
+    figures: dict[str, float] = {}
+    input_share = phase.share(WAIT) if WAIT in stages else 0.0
+    figures["input_share"] = input_share
+    compute = _compute_share(phase)
+    figures["compute_share"] = compute
+    on_device = phase.device.steps > 0
+    if on_device:
+        figures["device_idle_share"] = phase.device.idle_share
+        figures["caught_up_share"] = phase.device.caught_up_share
+    advice: list[str] = []
+    cores = int(summary.metadata.get("cpu_count") or 0)
+
+    waiting = phase.device.idle_share if on_device else input_share
+    if waiting > MODERATELY:
+        degree = "highly" if waiting > HIGHLY else "moderately"
+        if on_device:
+            why = (
+                f"the GPU sat idle {waiting:.1%} of its time between steps"
+                f" (the loop waited for data {input_share:.1%} of the time)"
+            )
+        else:
+            why = f"the loop waited for data {input_share:.1%} of the time"
+        headline = f"{degree} input-bound: {why} (thresholds: highly > {HIGHLY:.0%}, moderately > {MODERATELY:.0%})"
+        advice.extend(_input_advice(phase, figures, cores, on_device))
+        return Verdict("input-bound", degree, headline, tuple(advice + _common_advice(phase)), figures)
+
+    if on_device and phase.device.caught_up_share >= HOST_BOUND:
+        headline = (
+            f"host-bound: at the end of {phase.device.caught_up_share:.0%} of the steps the GPU had already"
+            f" finished all the work issued, so it waits on the CPU issuing work"
+            f" (GPU idle between steps: {phase.device.idle_share:.1%})"
+        )
+        advice.append(
+            "cut the CPU's per-step cost of issuing work: a larger batch, torch.compile or CUDA graphs; look for"
+            " Python work between kernels in the slowest stages"
+        )
+        return Verdict("host-bound", None, headline, tuple(advice + _common_advice(phase)), figures)
+
+    if on_device:
+        headline = (
+            f"compute-bound: the GPU was busy {1 - phase.device.idle_share:.1%} of its time between steps"
+            f" (the loop waited for data {input_share:.1%} of the time)"
+        )
+        advice.append(
+            "the device is the limit: mixed precision, torch.compile or a more efficient model; the data"
+            " pipeline keeps up"
+        )
+        return Verdict("compute-bound", None, headline, tuple(advice + _common_advice(phase)), figures)
+
+    if compute >= COMPUTE:
+        headline = (
+            f"compute-bound: the model stages fill {compute:.1%} of the loop"
+            f" (the loop waited for data {input_share:.1%} of the time)"
+        )
+        advice.append(
+            "the model's own compute is the limit: optimize it (torch.compile, a smaller or quantized model) or"
+            " use an accelerator; the data pipeline keeps up"
+        )
+        return Verdict("compute-bound", None, headline, tuple(advice + _common_advice(phase)), figures)
+
+    largest = _largest_part(phase)
+    headline = f"balanced: no single cause dominates (data wait {input_share:.1%}, model stages {compute:.1%})"
+    if largest is not None:
+        headline += f"; the largest part is {largest.path} at {phase.share(largest.path):.1%}"
+    return Verdict("balanced", None, headline, tuple(advice + _common_advice(phase)), figures)
+
+
+def _compute_share(phase: PhaseSummary) -> float:
+    return sum(
+        phase.share(stage.path)
+        for stage in phase.stages.values()
+        if stage.depth == 1 and stage.path.startswith(f"{BODY}/") and _COMPUTE_NAMES.search(stage.name)
+    )
+
+
+def _largest_part(phase: PhaseSummary) -> StageStats | None:
+    parts = [s for s in phase.stages.values() if s.path == WAIT or (s.depth == 1 and s.path.startswith(f"{BODY}/"))]
+    return max(parts, key=lambda s: s.total_ns, default=None)
+
+
+def _input_advice(phase: PhaseSummary, figures: dict[str, float], cores: int, on_device: bool) -> list[str]:
+    advice: list[str] = []
+    step = phase.stages[BODY]
+    step_s = step.mean
+    if on_device and step.device is not None:
+        step_s = max(step_s, step.device.mean)  # the loop can take a batch this often
+    workers = phase.workers
+    worker_stages = [s for s in phase.stages.values() if s.in_workers and s.depth >= 1 and s.name != "other"]
+    if workers:
+        batches = sum(w.batches for w in workers.values())
+        busy_per_batch = sum(w.busy_ns for w in workers.values()) / batches / 1e9 if batches else math.nan
+        utilization = sum(w.busy_ns for w in workers.values()) / max(sum(w.wall_ns for w in workers.values()), 1)
+        figures["worker_busy_per_batch_s"] = busy_per_batch
+        figures["worker_utilization"] = utilization
+        if step_s > 0 and not math.isnan(busy_per_batch):
+            needed = math.ceil(busy_per_batch / step_s)
+            figures["workers_needed"] = needed
+            current = len(workers)
+            rate = f"each batch takes a worker {busy_per_batch * 1e3:.1f} ms, the step {step_s * 1e3:.1f} ms"
+            if utilization < 0.7:
+                advice.append(
+                    f"the {current} workers are busy only {utilization:.0%} of their time while the loop waits:"
+                    " raise prefetch_factor, and look for cost outside the workers (the main process receiving"
+                    " large batches, pin_memory)"
+                )
+            elif needed > current and (not cores or needed <= cores - 1):
+                advice.append(f"use num_workers={needed} (now {current}): {rate}; this machine has {cores} cores")
+            elif needed > current:
+                advice.append(
+                    f"{needed} workers would keep up ({rate}), more than the {cores} cores can run beside the"
+                    " training process: make the pipeline cheaper"
+                )
+    elif WAIT in phase.stages and step_s > 0:
+        wait_s = phase.stages[WAIT].mean
+        needed = max(1, math.ceil(wait_s / step_s))
+        figures["workers_needed"] = needed
+        usable = min(needed, max(cores - 1, 1)) if cores else needed
+        rate = f"the wait is {wait_s * 1e3:.1f} ms per batch, the step {step_s * 1e3:.1f} ms"
+        if usable == needed:
+            advice.append(f"load data in parallel: DataLoader(num_workers={needed}) ({rate})")
+        else:
+            advice.append(
+                f"load data in parallel: DataLoader(num_workers={usable}) ({rate}: {needed} workers would keep"
+                f" up, but this machine has {cores} cores, so make the pipeline cheaper too)"
+            )
+    slowest = max(worker_stages or _main_pipeline_stages(phase), key=lambda s: s.total_ns, default=None)
+    if slowest is not None:
+        where = "in the workers" if slowest.in_workers else "in the loader"
+        advice.append(
+            f"the slowest part of the pipeline is {slowest.path} ({slowest.mean * 1e3:.2f} ms per call,"
+            f" {slowest.calls:,} calls {where}): make it cheaper"
+            + (", or move it to the GPU, after the batch is on the device" if on_device else "")
+        )
+    first = phase.stages.get(FIRST)
+    wait = phase.stages.get(WAIT)
+    if first is not None and wait is not None and workers and first.mean > max(5 * wait.mean, 0.05):
+        advice.append(
+            f"each epoch's first batch waits {first.mean * 1e3:.0f} ms (workers starting):"
+            " persistent_workers=True keeps them between epochs"
+        )
+    return advice
+
+
+def _main_pipeline_stages(phase: PhaseSummary) -> list[StageStats]:
+    return [s for s in phase.stages.values() if s.path.startswith(f"{WAIT}/") and s.name != "other"]
+
+
+def _common_advice(phase: PhaseSummary) -> list[str]:
+    advice = []
+    for stage in phase.stages.values():
+        if stage.depth == 1 and stage.path.startswith(f"{BODY}/") and _COPY_NAMES.search(stage.name):
+            share = phase.share(stage.path)
+            if share >= MODERATELY:
+                advice.append(
+                    f"host-to-device copies ({stage.path}) take {share:.1%} of the loop: pin_memory=True in the"
+                    " DataLoader and .to(device, non_blocking=True)"
+                )
+    return advice
+
+
+# -- comparing runs -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageChange:
+    path: str
+    before: float | None
+    """Seconds per call before; None if the stage is only in the later run."""
+    after: float | None
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.before is None or self.after is None else self.after - self.before
+
+    @property
+    def percent(self) -> float | None:
+        if self.before is None or self.after is None or not self.before:
+            return None
+        return (self.after - self.before) / self.before * 100
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two runs side by side, main phase: per stage ms/call, the time per step, throughput and verdicts."""
+
+    stages: tuple[StageChange, ...]
+    step: StageChange
+    """Loop time per step (data wait + step), the figure a training run's speed comes down to."""
+    throughput: Mapping[str, tuple[float | None, float | None]]
+    verdicts: tuple[Verdict, Verdict]
+
+    def slower_than(self, percent: float, names: Sequence[str] = ()) -> list[str]:
+        """What got slower by more than ``percent``: the step time, and each stage in ``names`` (a path like
+        ``step/forward`` or a bare name matching any path that ends with it)."""
+        failures = []
+        if self.step.percent is not None and self.step.percent > percent:
+            failures.append(f"time per step {self.step.percent:+.1f}%")
+        for name in names:
+            for change in self.stages:
+                matches = change.path == name or change.path.endswith(f"/{name}")
+                if matches and change.percent is not None and change.percent > percent:
+                    failures.append(f"{change.path} {change.percent:+.1f}%")
+        return failures
+
+
+def compare(before: Summary, after: Summary) -> Comparison:
+    a, b = before.main_phase, after.main_phase
+    paths = list(a.stages) + [p for p in b.stages if p not in a.stages]
+    changes = tuple(StageChange(path, _mean(a, path), _mean(b, path)) for path in paths)
+    step = StageChange("time per step", _per_step(a), _per_step(b))
+    units = list(a.throughput) + [u for u in b.throughput if u not in a.throughput]
+    throughput = {unit: (a.throughput.get(unit), b.throughput.get(unit)) for unit in units}
+    return Comparison(changes, step, throughput, (analyze(before), analyze(after)))
+
+
+def _mean(phase: PhaseSummary, path: str) -> float | None:
+    return phase.stages[path].mean if path in phase.stages else None
+
+
+def _per_step(phase: PhaseSummary) -> float | None:
+    return phase.measured / phase.steps if phase.steps else None
