@@ -204,13 +204,6 @@ def _input_advice(phase: PhaseSummary, figures: dict[str, float], cores: int, on
             f" {slowest.calls:,} calls {where}): make it cheaper"
             + (", or move it to the GPU, after the batch is on the device" if on_device else "")
         )
-    first = phase.stages.get(FIRST)
-    wait = phase.stages.get(WAIT)
-    if first is not None and wait is not None and workers and first.mean > max(5 * wait.mean, 0.05):
-        advice.append(
-            f"each epoch's first batch waits {first.mean * 1e3:.0f} ms (workers starting):"
-            " persistent_workers=True keeps them between epochs"
-        )
     return advice
 
 
@@ -220,6 +213,12 @@ def _main_pipeline_stages(phase: PhaseSummary) -> list[StageStats]:
 
 def _common_advice(phase: PhaseSummary) -> list[str]:
     advice = []
+    first, wait = phase.stages.get(FIRST), phase.stages.get(WAIT)
+    if first is not None and wait is not None and phase.workers and first.mean > max(5 * wait.mean, 0.05):
+        advice.append(
+            f"each epoch's first batch waits {first.mean * 1e3:.0f} ms (workers starting), against"
+            f" {wait.mean * 1e3:.1f} ms for the others: persistent_workers=True keeps the workers between epochs"
+        )
     for stage in phase.stages.values():
         if stage.depth == 1 and stage.path.startswith(f"{BODY}/") and _COPY_NAMES.search(stage.name):
             share = phase.share(stage.path)

@@ -1,0 +1,266 @@
+"""Verdicts on controlled workloads, the advice's worker estimate, and comparing runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader, Dataset
+
+import stepwatch
+from stepwatch import Stopwatch, Summary
+from stepwatch._analysis import analyze, compare
+from stepwatch.cli import main
+
+from .conftest import PYTHON, FakeClock, spin, subprocess_env
+from .fake_device import FakeDevice
+
+MS = 1_000_000
+
+
+def on_cores(summary: Summary, cores: int) -> Summary:
+    """The same figures as seen on a machine with ``cores`` cores (the advice depends on it)."""
+    return dataclasses.replace(summary, metadata={**summary.metadata, "cpu_count": cores})
+
+
+def cpu_loop(clock: FakeClock, steps: int, wait: int, stages: dict[str, int]) -> Stopwatch:
+    sw = Stopwatch(clock=clock, warmup=1)
+    sw.enable()
+
+    def data():
+        for i in range(steps):
+            clock.advance(wait)
+            yield i
+
+    for _ in sw.timed_iter(data()):
+        for name, ns in stages.items():
+            with sw.timed(name):
+                clock.advance(ns)
+        sw.count(samples=8)
+    return sw
+
+
+def test_input_bound_on_cpu(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
+    verdict = analyze(on_cores(sw.summary(), 16))
+    assert (verdict.kind, verdict.degree) == ("input-bound", "highly")
+    assert verdict.figures["input_share"] == pytest.approx(10 / 12)
+    assert "waited for data 83.3%" in verdict.headline and "highly > 20%" in verdict.headline
+    assert verdict.figures["workers_needed"] == 5  # 10 ms of loading per 2 ms step
+    assert any("num_workers=5" in advice for advice in verdict.advice)
+
+
+def test_worker_advice_respects_the_cores(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
+    advice = " ".join(analyze(on_cores(sw.summary(), 2)).advice)
+    assert "num_workers=1" in advice and "5 workers would keep up" in advice and "2 cores" in advice
+
+
+def test_moderately_input_bound(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, MS, {"forward": 5 * MS, "backward": 4 * MS})
+    verdict = sw.summary().verdict
+    assert (verdict.kind, verdict.degree) == ("input-bound", "moderately")
+
+
+def test_compute_bound_on_cpu(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, MS // 10, {"forward": 4 * MS, "backward": 5 * MS, "optimizer": MS})
+    verdict = sw.summary().verdict
+    assert verdict.kind == "compute-bound" and verdict.degree is None
+    assert verdict.figures["compute_share"] > 0.95
+    assert not any("num_workers" in advice for advice in verdict.advice)  # nothing points at the data
+
+
+def test_balanced_names_the_largest_part(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, MS // 10, {"forward": 2 * MS, "logging": 6 * MS})
+    verdict = sw.summary().verdict
+    assert verdict.kind == "balanced"
+    assert "step/logging" in verdict.headline
+
+
+def test_first_epoch_batches_and_validation_do_not_move_the_verdict(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+
+    def data(first_wait: int):
+        for i in range(10):
+            clock.advance(first_wait if i == 0 else MS // 10)
+            yield i
+
+    for _ in sw.timed_iter(data(first_wait=2_000 * MS)):  # a 2 s start-up, then fast batches
+        with sw.timed("forward"):
+            clock.advance(10 * MS)
+    for _ in sw.timed_iter(data(first_wait=MS), phase="val"):  # a slow validation loader
+        clock.advance(MS)
+    assert sw.summary().verdict.kind == "compute-bound"
+
+
+def device_loop(clock: FakeClock, *, wait: int, launch: int, cpu: int, steps: int = 30) -> Summary:
+    device = FakeDevice(clock)
+    sw = Stopwatch(clock=clock, device=device, warmup=1)
+    sw.enable()
+
+    def data():
+        for i in range(steps):
+            clock.advance(wait)
+            yield i
+
+    for _ in sw.timed_iter(data()):
+        with sw.timed("forward"):
+            device.launch(launch)
+            clock.advance(cpu)
+    return sw.summary()
+
+
+def test_gpu_verdicts(clock: FakeClock) -> None:
+    starved = device_loop(clock, wait=10 * MS, launch=MS, cpu=MS // 10).verdict
+    assert (starved.kind, starved.degree) == ("input-bound", "highly")
+    assert "GPU sat idle" in starved.headline
+    bound = device_loop(clock, wait=MS // 10, launch=20 * MS, cpu=MS // 10).verdict
+    assert bound.kind == "compute-bound" and "GPU was busy" in bound.headline
+    host = device_loop(clock, wait=MS // 100, launch=MS // 10, cpu=5 * MS).verdict
+    assert host.kind == "host-bound"
+    assert host.figures["caught_up_share"] == 1.0
+    assert any("torch.compile" in advice for advice in host.advice)
+
+
+def test_copy_advice(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, 10 * MS, {"h2d": MS, "forward": MS})
+    assert any("pin_memory=True" in advice for advice in sw.summary().verdict.advice)
+
+
+class SlowSamples(Dataset[int]):
+    """4 ms of busy work per sample: a controlled pipeline for the worker estimate."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, index: int) -> int:
+        spin(0.005)
+        return index
+
+
+def test_worker_estimate_on_a_controlled_pipeline() -> None:
+    sw = Stopwatch(warmup=1)
+    sw.enable()
+    loader = DataLoader(SlowSamples(), batch_size=4, num_workers=1, multiprocessing_context="fork")
+    for _ in sw.watch(loader):
+        spin(0.009)  # each batch costs a worker ~20 ms; the step 9 ms: 3 workers keep up
+    verdict = analyze(on_cores(sw.summary(), 16))
+    assert verdict.kind == "input-bound"
+    assert verdict.figures["workers_needed"] == 3
+    assert any("use num_workers=3 (now 1)" in advice for advice in verdict.advice)
+    assert any("loader/dataset" in advice for advice in verdict.advice)
+
+
+def slow_start(worker_id: int) -> None:
+    time.sleep(0.3)  # workers that take a while to start: opening files, building indexes
+
+
+def test_persistent_workers_advice_when_each_epoch_starts_slowly() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    loader = DataLoader(range(16), batch_size=4, num_workers=2, worker_init_fn=slow_start)
+    for _ in range(2):
+        for _ in sw.watch(loader):
+            spin(0.01)
+    verdict = sw.summary().verdict
+    assert sw.summary().stages["first_batch"].mean > 0.3
+    assert any("persistent_workers=True" in advice for advice in verdict.advice), verdict.advice
+    steady = Stopwatch()
+    steady.enable()
+    persistent = DataLoader(range(16), batch_size=4, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        for _ in steady.watch(persistent):
+            spin(0.01)
+    assert not any("persistent_workers" in advice for advice in steady.summary().verdict.advice)
+
+
+def test_verdict_is_in_the_report_and_the_saved_file(clock: FakeClock, tmp_path: Path) -> None:
+    sw = cpu_loop(clock, 10, 10 * MS, {"forward": MS})
+    assert "verdict: highly input-bound" in sw.report()
+    sw.save(tmp_path / "run.json")
+    saved = json.loads((tmp_path / "run.json").read_text())["verdict"]
+    assert saved["kind"] == "input-bound" and saved["degree"] == "highly"
+    assert saved["thresholds"]["highly"] == 0.2
+    assert stepwatch.load(tmp_path / "run.json").verdict.label == "highly input-bound"
+
+
+# -- compare --------------------------------------------------------------------------------------------
+
+
+def two_runs(clock: FakeClock, tmp_path: Path) -> tuple[Path, Path]:
+    before = cpu_loop(clock, 10, MS, {"forward": 10 * MS, "old": MS})
+    after = cpu_loop(clock, 10, MS, {"forward": 12 * MS, "h2d": MS})
+    paths = tmp_path / "before.json", tmp_path / "after.json"
+    before.save(paths[0])
+    after.save(paths[1])
+    return paths
+
+
+def test_compare_known_differences(clock: FakeClock, tmp_path: Path) -> None:
+    before, after = two_runs(clock, tmp_path)
+    comparison = compare(stepwatch.load(before), stepwatch.load(after))
+    changes = {change.path: change for change in comparison.stages}
+    assert changes["step/forward"].percent == pytest.approx(20.0)
+    assert changes["step/forward"].delta == pytest.approx(2e-3)
+    assert changes["step/old"].after is None and changes["step/h2d"].before is None
+    assert comparison.step.percent == pytest.approx((14 - 12) / 12 * 100)
+    samples_before, samples_after = comparison.throughput["samples"]
+    assert samples_after / samples_before == pytest.approx(12 / 14)
+
+
+def test_compare_cli_and_exit_codes(clock: FakeClock, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before, after = (str(p) for p in two_runs(clock, tmp_path))
+    assert main(["compare", before, after]) == 0
+    out = capsys.readouterr().out
+    assert "+20.0%" in out and "only before" in out and "only after" in out and "samples/s" in out
+    assert main(["compare", before, after, "--fail-if-slower", "10"]) == 1  # the step got 16.7% slower
+    assert "time per step +16.7%" in capsys.readouterr().err
+    assert main(["compare", before, after, "--fail-if-slower", "17"]) == 0
+    assert main(["compare", before, after, "--fail-if-slower", "17", "--stage", "forward"]) == 1
+    assert "step/forward +20.0%" in capsys.readouterr().err
+    assert main(["compare", before, after, "--fail-if-slower", "25", "--stage", "step/forward"]) == 0
+    assert main(["compare", before, after, "--fail-if-slower", "5", "--stage", "nope"]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["compare", before, str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .endswith("truncated JSON (Expecting property name enclosed in double quotes at line 1, column 2)")
+    )
+
+
+def test_compare_gate_as_a_real_subprocess(clock: FakeClock, tmp_path: Path) -> None:
+    before, after = (str(p) for p in two_runs(clock, tmp_path))
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "compare", before, after, "--fail-if-slower", "10"],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1 and "slower by more than 10%" in result.stderr
+
+
+def test_demo_runs_and_prints_verdicts(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "demo", "--samples", "240", "--epochs", "1", "--out-dir", str(tmp_path)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("verdict: ") >= 2
+    assert "input-bound" in result.stdout
+    assert "stepwatch compare:" in result.stdout
+    first = stepwatch.load(tmp_path / "demo-0-workers.json")
+    second = stepwatch.load(tmp_path / "demo-2-workers.json")
+    assert first.verdict.kind == "input-bound"
+    assert first.stages["loader/dataset/augment"].calls > 0
+    assert sum(w.batches for w in second.main_phase.workers.values()) > 0
