@@ -149,3 +149,41 @@ with sw.timed("x"):
 """
     subprocess.run([PYTHON, "-c", code], env=subprocess_env(), check=True, timeout=60)
     assert stepwatch.load(out).stages["x"].calls == 1
+
+
+def test_children_never_overwrite_the_parent_run_file(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    body = """
+import multiprocessing, os, signal, time
+
+def forked_child():
+    os.kill(os.getpid(), signal.SIGTERM)  # inherits the parent's handlers and its stale recording
+
+def spawned_child():
+    import stepwatch  # STEPWATCH=1 and STEPWATCH_OUT are inherited
+    with stepwatch.timed("child_only"):
+        pass
+
+if __name__ == "__main__":
+    for method, target in (("fork", forked_child), ("spawn", spawned_child)):
+        process = multiprocessing.get_context(method).Process(target=target)
+        process.start()
+        process.join()
+    print("file written by a child:", os.path.exists(os.environ["STEPWATCH_OUT"]), flush=True)
+    with stepwatch.timed("after_children"):
+        pass
+"""
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(RECORD) + body)
+    result = subprocess.run(
+        [PYTHON, str(script)],
+        env=subprocess_env(STEPWATCH="1", STEPWATCH_OUT=str(out)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "file written by a child: False" in result.stdout
+    stages = stepwatch.load(out).stages
+    assert "after_children" in stages and "child_only" not in stages
+    assert_saved(out)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -26,6 +27,9 @@ _hooks_lock = threading.Lock()
 _hooks_installed = False
 _previous_signal_handlers: dict[int, Any] = {}
 _previous_excepthook = sys.excepthook
+_owner_pid = 0
+"""The process that installed the hooks: a forked child (a DataLoader worker) inherits them, but must never
+write its stale copy of the parent's recording over the parent's file."""
 
 
 def install(stopwatch: Stopwatch) -> None:
@@ -36,6 +40,8 @@ def install(stopwatch: Stopwatch) -> None:
         if _hooks_installed:
             return
         _hooks_installed = True
+        global _owner_pid
+        _owner_pid = os.getpid()
         atexit.register(save_all, "exit")
         global _previous_excepthook
         _previous_excepthook = sys.excepthook
@@ -49,7 +55,12 @@ def install(stopwatch: Stopwatch) -> None:
 
 
 def save_all(reason: str) -> None:
-    """Saves every registered stopwatch that has an output path; never raises."""
+    """Saves every registered stopwatch that has an output path; never raises. Does nothing in a child
+    process: the run file belongs to the process that started the run, not to its DataLoader workers or other
+    children, forked (which inherit these hooks and a stale copy of the recording) or spawned (which inherit
+    ``STEPWATCH_OUT``)."""
+    if os.getpid() != _owner_pid or multiprocessing.parent_process() is not None:
+        return
     for stopwatch in list(_installed):
         if stopwatch.out is None:
             continue
