@@ -73,7 +73,12 @@ def start_and_signal(
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
     process.send_signal(signum)
-    stdout, stderr = process.communicate(timeout=60)
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"the child outlived {signal.Signals(signum).name}: {stdout!r} {stderr!r}") from None
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 

@@ -206,3 +206,18 @@ def test_cuda_requested_without_cuda_is_a_clear_error() -> None:
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         sw.enable()
     assert not sw.is_enabled()
+
+
+def test_a_failing_device_does_not_cost_the_cpu_figures(clock: FakeClock, tmp_path: Path) -> None:
+    sw, device = make(clock)
+    train(sw, device, clock, 5, load_ns=0, fwd=100 * MS, bwd=100 * MS)  # events still pending
+
+    def broken() -> None:
+        raise RuntimeError("CUDA error: device-side assert triggered\nmore")
+
+    device.synchronize = broken  # type: ignore[method-assign]
+    sw.save(tmp_path / "run.json")
+    loaded = stepwatch.load(tmp_path / "run.json")
+    assert loaded.stages["step/forward"].calls == 5  # wall times kept
+    assert loaded.stages["step/forward"].device is None  # device times were pending: dropped
+    assert "device failed" in stepwatch.render(loaded) and "device-side assert" in stepwatch.render(loaded)

@@ -96,7 +96,7 @@ def test_worker_stages_come_back(sw: Stopwatch, method: str, persistent: bool) -
     assert stages["loader/dataset"].in_workers and stages["loader/dataset/other"].in_workers
     # A sample delayed by preemption or by the worker's queue-feeder thread holding the GIL runs long: that
     # moves the mean (the wall time in the worker, as measured) a little, the median not at all.
-    assert stages["loader/dataset"].mean == pytest.approx(SAMPLE_S, rel=0.10)
+    assert stages["loader/dataset"].mean == pytest.approx(SAMPLE_S, rel=0.25)
     assert stages["loader/dataset"].p50 == pytest.approx(SAMPLE_S, rel=0.05)
     assert stages["loader/dataset/augment"].p50 == pytest.approx(AUGMENT_S, rel=0.05)
 

@@ -73,7 +73,10 @@ def save_all(reason: str) -> None:
 def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
     for stopwatch in list(_installed):
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("stepwatch report at uncaught %s:\n%s", kind.__name__, stopwatch.report())
+            try:
+                logger.debug("stepwatch report at uncaught %s:\n%s", kind.__name__, stopwatch.report())
+            except Exception as error:  # the program's own exception is what must show
+                logger.debug("stepwatch: no report at uncaught %s: %s", kind.__name__, error)
     save_all(f"uncaught {kind.__name__}")
     _previous_excepthook(kind, value, tb)
 

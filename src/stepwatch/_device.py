@@ -170,6 +170,9 @@ class DeviceTimer:
         self._pool: list[Any] = []
         self._pending: deque[tuple[Any, ...]] = deque()
         self.out_of_memory: list[OutOfMemory] = []
+        self.dropped = 0
+        """Pending measurements given up because the device failed to synchronize."""
+        self.error: str | None = None
 
     # -- stage boundaries ----------------------------------------------------------------------------
 
@@ -248,7 +251,13 @@ class DeviceTimer:
         """Resolves everything pending with one synchronize (skipped when nothing is pending)."""
         if not self._pending:
             return
-        self.backend.synchronize()
+        try:
+            self.backend.synchronize()
+        except Exception as error:  # a broken device (a device-side assert) must not cost the CPU figures
+            self.dropped += len(self._pending)
+            self.error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            self._pending.clear()
+            return
         pending = self._pending
         while pending:
             self._resolve(pending.popleft())

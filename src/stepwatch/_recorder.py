@@ -548,7 +548,7 @@ class Stopwatch:
         finally:
             end = clock()
             if wait_frame is not None:  # an exception in next()
-                self._close_frame(stack, wait_frame, end, loop_phase)
+                self._close_frame(stack, wait_frame, end, loop_phase if wait_frame[1] is wait_node else None)
             if body_frame is not None:  # a body left early: break, return or an exception
                 self._close_frame(stack, body_frame, end, loop_phase, device_loop)
             if device_loop is not None and device is not None:

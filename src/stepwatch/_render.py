@@ -40,6 +40,8 @@ def render_text(summary: Summary) -> str:
     config = summary.metadata.get("config") or {}
     if config.get("sync"):
         footer += "sync mode on: the device was synchronized at every stage boundary (exact wall times, slower run)\n"
+    if summary.metadata.get("device_error"):
+        footer += f"device failed; its pending measurements were dropped: {summary.metadata['device_error']}\n"
     for event in summary.out_of_memory:
         footer += (
             f"out of memory in {event.phase}:{event.stage} with {event.allocated / MIB:,.0f} MiB allocated,"

@@ -73,6 +73,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
             "sync": stopwatch.sync,
             "nvtx": stopwatch.nvtx,
         },
+        "device_error": None if stopwatch._device is None else stopwatch._device.error,
     }
 
 
