@@ -94,17 +94,18 @@ def test_worker_stages_come_back(sw: Stopwatch, method: str, persistent: bool) -
     assert stages["first_batch/collate"].calls == 2  # one first batch per epoch
     assert stages["loader"].calls == 6 and stages["first_batch"].calls == 2 and stages["step"].calls == 8
     assert stages["loader/dataset"].in_workers and stages["loader/dataset/other"].in_workers
-    # A sample delayed by preemption or by the worker's queue-feeder thread holding the GIL runs long: that
-    # moves the mean (the wall time in the worker, as measured) a little, the median not at all.
-    assert stages["loader/dataset"].mean == pytest.approx(SAMPLE_S, rel=0.25)
-    assert stages["loader/dataset"].p50 == pytest.approx(SAMPLE_S, rel=0.05)
-    assert stages["loader/dataset/augment"].p50 == pytest.approx(AUGMENT_S, rel=0.05)
+    # A busy-wait never ends early, but one preempted (two workers and the main process share two cores) or
+    # held up by the worker's queue-feeder thread taking the GIL runs long: that moves the mean, which is
+    # the wall time in the worker as measured, and leaves the median where it is.
+    assert SAMPLE_S <= stages["loader/dataset"].mean < 1.5 * SAMPLE_S
+    assert stages["loader/dataset"].p50 == pytest.approx(SAMPLE_S, rel=0.10)
+    assert stages["loader/dataset/augment"].p50 == pytest.approx(AUGMENT_S, rel=0.10)
 
     workers = sw.summary().main_phase.workers
     assert sorted(workers) == [0, 1]
     assert sum(w.batches for w in workers.values()) == 8
     for worker in workers.values():
-        assert worker.busy_per_batch == pytest.approx(4 * SAMPLE_S, rel=0.15)
+        assert 4 * SAMPLE_S <= worker.busy_per_batch < 1.5 * 4 * SAMPLE_S
         assert 0 < worker.utilization <= 1.0
         assert worker.wait_ns >= 0
     assert "dataset [w]" in sw.report() and "worker 1:" in sw.report()
