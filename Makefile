@@ -32,6 +32,7 @@ test: lint
 bench: setup
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/workers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
