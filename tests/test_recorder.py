@@ -449,3 +449,25 @@ def test_timed_accepts_the_stage_by_keyword_and_has_help() -> None:
         pass
     assert sw.summary().stages["kw"].calls == 1
     assert "Time a block" in (stepwatch.timed.__doc__ or "")
+
+
+def test_block_spanning_the_end_of_the_window_is_recorded_and_leaves_no_trace(clock: FakeClock) -> None:
+    sw = enabled(clock=clock, active=2)
+    with sw.timed("epoch"):
+        for _ in sw.timed_iter(range(5)):
+            with sw.timed("forward"):
+                clock.advance(1)
+    for _ in sw.timed_iter(range(3)):  # outside the window, with nothing left open
+        with sw.timed("unmeasured"):
+            pass
+    assert not sw._hot  # so leaving a block costs what it costs with the stopwatch off
+    stages = sw.summary().stages
+    assert "step/unmeasured" not in stages
+    assert stages["epoch"].calls == 1
+    assert stages["step/forward"].calls == 2  # the loop roots its stages at the phase
+    sw.schedule = type(sw.schedule)()  # measure again, from the top level
+    sw._in_window = True
+    sw._update_flags()
+    with sw.timed("after"):
+        pass
+    assert "after" in sw.summary().stages  # not nested under a stale "epoch" frame

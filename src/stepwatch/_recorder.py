@@ -402,8 +402,15 @@ class Stopwatch:
         self._update_flags()
 
     def _update_flags(self) -> None:
+        """``_measuring``: blocks open frames. ``_hot``: blocks look for their frame on the way out, needed
+        while a block opened in the window is still open; otherwise leaving a block costs what it costs when
+        the stopwatch is off."""
         self._measuring = self._enabled and self._in_window
-        self._hot = self._enabled
+        self._hot = self._measuring or (self._enabled and self._blocks_open())
+
+    def _blocks_open(self) -> bool:
+        """Whether any thread has a timed block open (checked only when the measured window closes)."""
+        return any(frame[0] is not None and frame[0] is not _LOOP for stack in self._stacks for frame in stack)
 
     # -- recording ---------------------------------------------------------------------------------------
 
@@ -517,6 +524,8 @@ class Stopwatch:
                     in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
                     if in_window != self._in_window:
                         self._in_window = in_window
+                        self._update_flags()
+                    elif self._hot and not self._measuring:  # a block that spanned the window's end is done?
                         self._update_flags()
                 if self._measuring:
                     first = index == 0 and own_phase  # a one-off: workers starting, caches filling
