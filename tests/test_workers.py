@@ -202,3 +202,31 @@ def test_module_level_watch_and_phase(sw: Stopwatch) -> None:
     finally:
         stepwatch.disable()
         stepwatch.reset()
+
+
+def test_persistent_workers_started_on_then_stopwatch_off() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    loader = make_loader("fork", persistent_workers=True)
+    expected = plain_batches(make_loader("fork"))
+    assert_same_batches(list(sw.watch(loader)), expected)
+    sw.disable()  # the workers keep sending their timings; the batches must still be the plain ones
+    assert_same_batches(list(sw.watch(loader)), expected)
+    assert calls(sw, "collate") == 4  # nothing recorded while off
+
+
+class Counting(torch.utils.data.IterableDataset[int]):
+    def __iter__(self) -> Any:
+        for i in range(8):
+            spin(0.002)
+            yield i
+
+
+def test_iterable_dataset_busy_time_is_the_collate() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    loader = DataLoader(Counting(), batch_size=4, num_workers=1, multiprocessing_context="fork")
+    assert [batch.tolist() for batch in sw.watch(loader)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    workers = sw.summary().main_phase.workers
+    assert workers[0].batches == 2 and workers[0].busy_ns > 0
+    assert "loader/dataset" not in sw.summary().stages  # iterable datasets are not timed per sample

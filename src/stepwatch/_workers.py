@@ -77,12 +77,6 @@ def _default_stopwatch() -> Stopwatch:
     return stepwatch._default
 
 
-def _in_worker() -> bool:
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info() is not None
-
-
 class TimedCollate:
     """Wraps a ``collate_fn``: times it as ``collate`` and, in a worker, sends the worker's timings along."""
 
@@ -102,11 +96,12 @@ class TimedCollate:
             with stopwatch.timed("collate"):
                 return self.collate_fn(samples)
         stopwatch = _default_stopwatch()
-        start = _state.fetch_started_ns
+        collate_started = time.perf_counter_ns()
+        start = _state.fetch_started_ns if _state.fetch_started_ns is not None else collate_started
         with stopwatch.timed("collate"):
             batch = self.collate_fn(samples)
         ready = time.perf_counter_ns()
-        busy = ready - (start if start is not None else ready)
+        busy = ready - start
         _state.fetch_started_ns = None
         report = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, stopwatch._take())
         return Carrier(batch, report)
@@ -237,8 +232,13 @@ class WatchedLoader(Generic[T]):
         enabled = self.stopwatch.is_enabled()
         self._collate.enabled = self._init.enabled = enabled
         if not enabled:
-            return iter(self.loader)
+            return self._plain()
         return self.stopwatch.timed_iter(self._unwrapped(), self.stage, self.body, self.phase)
+
+    def _plain(self) -> Iterator[T]:
+        """Stopwatch off: the loader's batches, unwrapped if persistent workers started while it was on."""
+        for item in self.loader:
+            yield item.batch if type(item) is Carrier else item
 
     def _unwrapped(self) -> Iterator[T]:
         in_main = self.loader.num_workers == 0
