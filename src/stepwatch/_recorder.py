@@ -731,6 +731,10 @@ class Stopwatch:
             elapsed_ns = int(state["elapsed_ns"])
             devices = [str(d) for d in state["devices"]]
             started = state["started_at"]
+            for phase_summary in summary.phases.values():
+                for path, stage in phase_summary.stages.items():
+                    if not stage.spread and path.rsplit("/", 1)[-1] != OTHER:
+                        raise ValueError(f"stage {path!r} has no measurements of its own")
         except (KeyError, TypeError, ValueError) as error:
             raise FormatError("<state_dict>", f"corrupt state_dict: {error}") from error
         with self._lock:
