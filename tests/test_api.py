@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -63,3 +64,16 @@ def test_import_pulls_in_nothing_outside_the_standard_library() -> None:
 def test_render_rejects_unknown_format() -> None:
     with pytest.raises(ValueError, match="text, tsv, json"):
         stepwatch.render(stepwatch.Stopwatch().summary(), "xml")
+
+
+def test_missing_extras_name_what_to_install() -> None:
+    from unittest.mock import patch
+
+    from stepwatch import demo
+    from stepwatch._device import TorchDevice
+
+    with patch.dict(sys.modules, {"sklearn": None, "sklearn.datasets": None}), pytest.raises(SystemExit) as raised:
+        demo._require()
+    assert "pip install 'stepwatch[demo]'" in str(raised.value)
+    with patch.dict(sys.modules, {"torch": None}), pytest.raises(ImportError, match=r"stepwatch\[torch\]"):
+        TorchDevice("cuda")

@@ -143,7 +143,11 @@ def train_once(num_workers: int, samples: int, epochs: int, batch_size: int) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stepwatch demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="stepwatch demo",
+        description="Train a small CNN on scikit-learn's digits with num_workers=0, then with workers, and show what"
+        " stepwatch tells: both reports, their verdicts and the comparison.",
+    )
     parser.add_argument("--samples", type=int, default=1797, help="digits to use (at most 1797)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
