@@ -213,7 +213,10 @@ class _Block:
 
 
 class _DeviceBlock(_Block):
-    """A timed block that also records device events and peak memory (a stopwatch with a device)."""
+    """A timed block that also records device events and peak memory (a stopwatch with a device).
+
+    Its frame lookup mirrors :class:`_Block`'s, inlined on purpose: the CPU block's hot path cannot afford
+    the call a shared helper would cost."""
 
     __slots__ = ()
 
