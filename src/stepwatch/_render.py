@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._analysis import Comparison, Verdict
+from ._analysis import Comparison, Verdict, analyze
 from ._summary import PhaseSummary, StageStats, Summary
 
 MS = 1e3
@@ -31,7 +31,7 @@ def render_text(summary: Summary) -> str:
     if not summary.phases:
         return "stepwatch: nothing recorded (is it enabled? set STEPWATCH=1 or call stepwatch.enable())\n"
     sections = [_render_phase(phase) for phase in summary.phases.values()]
-    sections.append(render_verdict(summary.verdict))
+    sections.append(render_verdict(analyze(summary)))
     devices = summary.metadata.get("devices") or []
     footer = f"run: {summary.elapsed:.2f} s wall"
     if devices:

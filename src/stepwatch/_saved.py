@@ -82,7 +82,9 @@ def _iso(epoch_seconds: float) -> str:
 
 
 def summary_to_json(summary: Summary) -> str:
-    document = {"format": FORMAT, "schema": SCHEMA, **summary.to_dict(), "verdict": summary.verdict.to_dict()}
+    from ._analysis import analyze
+
+    document = {"format": FORMAT, "schema": SCHEMA, **summary.to_dict(), "verdict": analyze(summary).to_dict()}
     return json.dumps(document, indent=1, allow_nan=False)
 
 
