@@ -153,3 +153,13 @@ def test_file_cut_anywhere_is_a_format_error(tmp_path: Path, clock: FakeClock, f
     path.write_bytes(data[: int(len(data) * fraction)])
     with pytest.raises(FormatError, match="truncated JSON"):
         stepwatch.load(path)
+
+
+def test_saved_file_states_figures_in_seconds_beside_exact_nanoseconds(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "run.json"
+    recorded(clock).save(path)
+    stage = json.loads(path.read_text())["phases"]["train"]["stages"]["step/forward"]
+    assert stage["seconds"]["mean"] == pytest.approx(stage["total_ns"] / stage["calls"] / 1e9)
+    assert stage["seconds"]["p50"] == pytest.approx(103e-9)
+    other = json.loads(path.read_text())["phases"]["train"]["stages"]["step/other"]
+    assert other["seconds"]["std"] is None and other["seconds"]["total"] == other["total_ns"] / 1e9

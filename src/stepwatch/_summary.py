@@ -158,7 +158,23 @@ class StageStats:
             data["peak_reserved"] = self.peak_reserved
         if self.in_workers:
             data["in_workers"] = True
+        data["seconds"] = self.seconds()
         return data
+
+    def seconds(self) -> dict[str, float | None]:
+        """The figures in seconds, for people and tools reading a saved file (None where not measured); the
+        exact integer nanoseconds beside them are what stepwatch reads back."""
+        figures = {
+            "total": self.total,
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.min,
+            "max": self.max,
+            "p50": self.p50,
+            "p90": self.p90,
+            "p99": self.p99,
+        }
+        return {name: None if math.isnan(value) else value for name, value in figures.items()}
 
     @classmethod
     def from_dict(cls, path: str, data: Mapping[str, Any]) -> StageStats:
