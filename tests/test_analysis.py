@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,16 +28,17 @@ def on_cores(summary: Summary, cores: int) -> Summary:
     return dataclasses.replace(summary, metadata={**summary.metadata, "cpu_count": cores})
 
 
+def slow_data(clock: FakeClock, steps: int, wait: int) -> Iterator[int]:
+    """``steps`` items, each taking ``wait`` ns to arrive."""
+    for i in range(steps):
+        clock.advance(wait)
+        yield i
+
+
 def cpu_loop(clock: FakeClock, steps: int, wait: int, stages: dict[str, int]) -> Stopwatch:
     sw = Stopwatch(clock=clock, warmup=1)
     sw.enable()
-
-    def data():
-        for i in range(steps):
-            clock.advance(wait)
-            yield i
-
-    for _ in sw.timed_iter(data()):
+    for _ in sw.timed_iter(slow_data(clock, steps, wait)):
         for name, ns in stages.items():
             with sw.timed(name):
                 clock.advance(ns)
@@ -102,13 +104,7 @@ def device_loop(clock: FakeClock, *, wait: int, launch: int, cpu: int, steps: in
     device = FakeDevice(clock)
     sw = Stopwatch(clock=clock, device=device, warmup=1)
     sw.enable()
-
-    def data():
-        for i in range(steps):
-            clock.advance(wait)
-            yield i
-
-    for _ in sw.timed_iter(data()):
+    for _ in sw.timed_iter(slow_data(clock, steps, wait)):
         with sw.timed("forward"):
             device.launch(launch)
             clock.advance(cpu)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import operator
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 Partial = tuple[int, int, int, int, int, list[int]]
@@ -77,8 +77,8 @@ class RunningStats:
         self.calls += calls
         self.total_ns += total
         self.sumsq_ns += sumsq
-        self.min_ns = low if self.min_ns is None or low < self.min_ns else self.min_ns
-        self.max_ns = high if self.max_ns is None or high > self.max_ns else self.max_ns
+        self.min_ns = pick_optional(min, self.min_ns, low)
+        self.max_ns = pick_optional(max, self.max_ns, high)
         self.recent.extend(recent)
 
     def merge(self, other: RunningStats) -> RunningStats:
@@ -87,8 +87,8 @@ class RunningStats:
         merged.calls = self.calls + other.calls
         merged.total_ns = self.total_ns + other.total_ns
         merged.sumsq_ns = self.sumsq_ns + other.sumsq_ns
-        merged.min_ns = _opt(min, self.min_ns, other.min_ns)
-        merged.max_ns = _opt(max, self.max_ns, other.max_ns)
+        merged.min_ns = pick_optional(min, self.min_ns, other.min_ns)
+        merged.max_ns = pick_optional(max, self.max_ns, other.max_ns)
         merged.recent.extend(self.recent)
         merged.recent.extend(other.recent)
         return merged
@@ -143,12 +143,13 @@ def variance_ns2(calls: int, total_ns: int, sumsq_ns: int) -> float:
     return max(numerator, 0) / (calls * (calls - 1))
 
 
-def _opt(pick: object, a: int | None, b: int | None) -> int | None:
+def pick_optional(pick: Callable[[int, int], int], a: int | None, b: int | None) -> int | None:
+    """``pick(a, b)`` (min or max) where either side may be missing (None)."""
     if a is None:
         return b
     if b is None:
         return a
-    return pick(a, b)  # type: ignore[operator, no-any-return]
+    return pick(a, b)
 
 
 def _int(value: object, name: str) -> int:

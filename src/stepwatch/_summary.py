@@ -17,7 +17,7 @@ from ._device import OutOfMemory
 
 if TYPE_CHECKING:
     from ._analysis import Verdict
-from ._stats import RunningStats, percentile, variance_ns2
+from ._stats import RunningStats, percentile, pick_optional, variance_ns2
 
 NS_PER_S = 1e9
 OTHER = "other"
@@ -140,8 +140,8 @@ class StageStats:
         merged = replace(merged, in_workers=self.in_workers)
         return merged.with_device(
             device,
-            _max_opt(self.peak_allocated, other.peak_allocated),
-            _max_opt(self.peak_reserved, other.peak_reserved),
+            pick_optional(max, self.peak_allocated, other.peak_allocated),
+            pick_optional(max, self.peak_reserved, other.peak_reserved),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -469,14 +469,6 @@ def _merge_workers(a: Mapping[int, WorkerStats], b: Mapping[int, WorkerStats]) -
     for worker_id, worker in b.items():
         merged[worker_id] = merged[worker_id].merge(worker) if worker_id in merged else worker
     return merged
-
-
-def _max_opt(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return max(a, b)
 
 
 def _plain(value: Any) -> Any:
