@@ -101,7 +101,7 @@ BAD_FILES = {
         b'{"format": "stepwatch", "schema": 1, "elapsed": 1, "metadata": {}, "phases": {"train": {"stages": '
         b'{"x": {"calls": "many", "total_ns": 1, "sumsq_ns": 1, "min_ns": 1, "max_ns": 1, "window": 4, '
         b'"recent_ns": []}}, "counters": {}, "loop_ns": 0, "steps": 0}}}',
-        "corrupt run: calls must be an integer",
+        "calls: must be an integer",
     ),
 }
 

@@ -74,6 +74,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
             "nvtx": stopwatch.nvtx,
         },
         "device_error": None if stopwatch._device is None else stopwatch._device.error,
+        "dropped_blocks": stopwatch._dropped_blocks,
     }
 
 
@@ -114,11 +115,23 @@ def load_summary(path: str | os.PathLike[str]) -> Summary:
     return parse_summary(raw, path)
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
 def parse_summary(raw: bytes, path: str | os.PathLike[str] = "<bytes>") -> Summary:
     if not raw.strip():
         raise FormatError(path, "empty file")
     try:
-        document = json.loads(raw.decode("utf-8"))
+        document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        raise FormatError(path, "not a stepwatch run (JSON nested too deep)") from None
+    except _NonFinite as error:
+        raise FormatError(path, f"corrupt run: {error} is not a number JSON allows") from None
     except UnicodeDecodeError:
         raise FormatError(path, "not a JSON text file (invalid UTF-8)") from None
     except json.JSONDecodeError as error:
@@ -136,5 +149,5 @@ def parse_summary(raw: bytes, path: str | os.PathLike[str] = "<bytes>") -> Summa
         return Summary.from_dict(document)
     except KeyError as error:
         raise FormatError(path, f"corrupt run: missing field {error.args[0]!r}") from None
-    except (TypeError, ValueError, AttributeError) as error:
+    except (TypeError, ValueError, AttributeError, RecursionError) as error:
         raise FormatError(path, f"corrupt run: {error}") from None

@@ -440,6 +440,11 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        """Rebuilds a summary from :meth:`to_dict`'s data, checked first against the one schema
+        (:func:`~stepwatch._schema.check_run`: ``ValueError`` naming the first wrong field)."""
+        from ._schema import check_run
+
+        check_run(data)
         phases = {name: PhaseSummary.from_dict(name, raw) for name, raw in dict(data["phases"]).items()}
         elapsed = data["elapsed"]
         if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):

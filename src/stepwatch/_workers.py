@@ -173,11 +173,7 @@ class WorkerInit:
         if self.enabled:
             from torch.utils.data import get_worker_info
 
-            stopwatch = _default_stopwatch()
-            stopwatch.out = None
-            stopwatch.disable()
-            stopwatch.reset()  # a forked worker inherits the parent's recording: start clean
-            stopwatch.enable()
+            _default_stopwatch()._start_in_worker()
             _state.start(worker_id)
             info = get_worker_info()
             if info is not None:

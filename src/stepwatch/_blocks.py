@@ -1,0 +1,184 @@
+"""Timed blocks: ``with sw.timed("forward"):`` and ``@sw.timed("augment")``.
+
+The hot path is kept to a few attribute reads, two clock reads, a tuple and one list append per block. A block
+leaves a frame on its thread's stack while open; on the way out it expects its own frame on top. When it is
+not there (asyncio tasks whose blocks overlap on one thread, a block closed out of order), the cold path in
+:meth:`Stopwatch._unwind` drops the overlapping measurements instead of letting a stale frame corrupt the
+hierarchy of everything after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._summary import OTHER
+from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FOLD, MAX_STAGES, OVERFLOW
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_RESERVED = {OTHER: "the time a parent's blocks do not cover", OVERFLOW: "stages past the limit"}
+
+
+class Block:
+    """A timed block for one stage name; reused for every call, so entering allocates one small tuple."""
+
+    __slots__ = ("_clock", "_name", "_sw")
+
+    def __init__(self, stopwatch: Stopwatch, name: str) -> None:
+        self._sw = stopwatch
+        self._name = name
+        self._clock = stopwatch._clock
+
+    def __enter__(self) -> None:
+        sw = self._sw
+        if sw._measuring:
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                stack = sw._thread_stack()
+            parent = stack[-1][1]
+            node = parent.children.get(self._name)
+            if node is None:
+                node = sw._add_child(parent, self._name)
+            stack.append((self, node, self._clock()))
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        sw = self._sw
+        if sw._hot:
+            end = self._clock()
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                stack = sw._thread_stack()
+            frame = stack[-1]
+            if frame[0] is self:
+                del stack[-1]
+                buf = frame[1].buf
+                buf.append(end - frame[2])
+                if len(buf) >= 1024:  # FOLD, inlined (DROPPED's buffer always reads as full)
+                    sw._fold(frame[1])
+            else:
+                sw._unwind(stack, self)
+
+    def __call__(self, func: F) -> F:
+        """Use as a decorator: every call of ``func`` is timed under this stage; an ``async def`` is timed
+        until its coroutine finishes. Generator functions are refused: their body runs between the caller's
+        steps, so a block around them would time the caller too."""
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"@timed({self._name!r}) cannot time the generator function {func.__qualname__}: its body runs"
+                " piecewise between the caller's steps; time the loop over it with timed_iter(), or put"
+                " `with timed(...)` inside it"
+            )
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def awaited(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await func(*args, **kwargs)
+
+            return awaited  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"<stepwatch timed block {self._name!r}>"
+
+
+class DeviceBlock(Block):
+    """A timed block that also records device events and peak memory (a stopwatch with a device).
+
+    Its frame lookup mirrors :class:`Block`'s, inlined on purpose: the CPU block's hot path cannot afford
+    the call a shared helper would cost."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        sw = self._sw
+        if sw._measuring:
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                stack = sw._thread_stack()
+            parent_frame = stack[-1]
+            parent = parent_frame[1]
+            node = parent.children.get(self._name)
+            if node is None:
+                node = sw._add_child(parent, self._name)
+            device = sw._device
+            if device is None or node is DROPPED:
+                stack.append((self, node, self._clock()))
+                return
+            start, allocated, reserved = device.begin(self._name, parent_frame)
+            stack.append([self, node, self._clock(), start, allocated, reserved])
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        sw = self._sw
+        if sw._hot:
+            device = sw._device
+            if device is not None:
+                device.before_clock()
+            end = self._clock()
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                stack = sw._thread_stack()
+            frame = stack[-1]
+            if frame[0] is not self:
+                sw._unwind(stack, self)
+                return
+            del stack[-1]
+            node = frame[1]
+            node.buf.append(end - frame[2])
+            if len(node.buf) >= FOLD:
+                sw._fold(node)
+            if device is not None and len(frame) > 3:
+                device.end(frame, stack[-1], node)
+                if isinstance(exc, BaseException) and device.backend.is_out_of_memory(exc):
+                    phase = sw._local.__dict__.get("phase", DEFAULT_PHASE)
+                    device.record_out_of_memory(phase, node.path, exc)
+
+
+class Blocks(dict[str, Block]):
+    """The timed blocks of one stopwatch by stage name; a new name is checked once, on first use. Past
+    :data:`MAX_STAGES` names, new ones share one uncached block named :data:`OVERFLOW`."""
+
+    def __init__(self, stopwatch: Stopwatch) -> None:
+        super().__init__()
+        self._stopwatch = stopwatch
+
+    def __missing__(self, stage: str) -> Block:
+        check_name(stage, "stage")
+        kind = DeviceBlock if self._stopwatch._device_spec is not None else Block
+        if len(self) >= MAX_STAGES:
+            self._stopwatch._warn_overflow(stage)
+            overflow = dict.get(self, OVERFLOW)
+            if overflow is None:
+                overflow = dict.setdefault(self, OVERFLOW, kind(self._stopwatch, OVERFLOW))
+            return overflow
+        return self.setdefault(stage, kind(self._stopwatch, stage))
+
+
+def check_name(name: object, what: str) -> None:
+    """A stage, body or phase name: a non-empty string without '/', control characters or a reserved name."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} name must be a non-empty string, got {name!r}")
+    if "/" in name:
+        raise ValueError(f"{what} name {name!r} must not contain '/': nesting blocks builds the hierarchy")
+    if not name.isprintable():
+        raise ValueError(f"{what} name {name!r} must not contain control characters (newlines, tabs)")
+    if name in _RESERVED:
+        raise ValueError(f"{what} name {name!r} is reserved for {_RESERVED[name]}")
+    if name == FIRST_BATCH and what != "phase":
+        raise ValueError(f"{what} name {FIRST_BATCH!r} is reserved for the first wait of each epoch")

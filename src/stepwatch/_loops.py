@@ -1,0 +1,140 @@
+"""Timed iterators: the wait for each item (``loader``) and the loop body (``step``), phases and the schedule.
+
+The outermost timed iterator on a thread defines the steps the schedule counts and the phase (``train`` unless
+named). Each iteration reads the thread's stack afresh, so a ``reset()`` or ``load_state_dict()`` inside the
+body (a common way to drop warm-up) leaves the rest of the loop recorded normally, and every way out of the
+loop (the end of the data, ``break``, an exception from the data or the body, ``iter()`` itself failing)
+leaves the stack as it found it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._device import _Loop
+from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FOLD, LOOP, Frame, Phase, pop_frame
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+T = TypeVar("T")
+
+
+def is_outermost(stack: list[Any]) -> bool:
+    """Whether a loop starting on this stack is the outermost one of its thread (no phase root is open)."""
+    return not any(frame[0] is None for frame in stack[1:])
+
+
+def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_name: str | None) -> Iterator[T]:
+    """The generator behind :meth:`Stopwatch.timed_iter`."""
+    clock = sw._clock
+    stack = sw._thread_stack()
+    outer = is_outermost(stack)
+    own_phase = outer or phase_name is not None
+    previous_phase = sw._local.__dict__.get("phase", DEFAULT_PHASE)
+    phase = sw._phase(phase_name or (DEFAULT_PHASE if outer else previous_phase))
+    root_frame: Frame | None = None
+    wait_frame: Frame | None = None
+    body_frame: Any = None
+    device = sw._device
+    device_loop = _Loop(phase) if device is not None and own_phase else None
+    loop_phase = phase if own_phase else None
+    iterator: Any = None
+    try:
+        if own_phase:
+            root_frame = (None, phase.root, 0)
+            stack.append(root_frame)
+            sw._local.phase = phase.name
+        parent = stack[-1][1]
+        wait_node = parent.children.get(stage) or sw._add_child(parent, stage)
+        body_node = parent.children.get(body) or sw._add_child(parent, body)
+        first_node = parent.children.get(FIRST_BATCH) or sw._add_child(parent, FIRST_BATCH)
+        schedule = sw.schedule
+        warmup, measure_all = schedule.warmup, schedule.active is None
+        iterator = iter(iterable)
+        index = 0
+        while True:
+            if device is not None:
+                device.before_clock()
+            now = clock()
+            if body_frame is not None:
+                frame, body_frame = body_frame, None
+                close_frame(sw, frame, now, loop_phase, device_loop)
+            if device is not None:
+                device.poll()
+            if outer:
+                in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
+                if in_window != sw._in_window:
+                    sw._in_window = in_window
+                    sw._update_flags()
+                elif sw._hot and not sw._measuring:  # a block that spanned the window's end is done?
+                    sw._update_flags()
+            if sw._measuring:
+                first = index == 0 and own_phase  # a one-off: workers starting, caches filling
+                wait_frame = (LOOP, first_node if first else wait_node, now)
+                sw._thread_stack().append(wait_frame)
+            try:
+                item = next(iterator)
+            except StopIteration:
+                if wait_frame is not None:
+                    pop_frame(sw._thread_stack(), wait_frame)  # the end of the data is not a wait
+                    wait_frame = None
+                return
+            ready = clock()
+            if outer and index >= warmup:
+                phase.schedule_pos += 1
+            index += 1
+            if wait_frame is not None:
+                frame, wait_frame = wait_frame, None
+                close_frame(sw, frame, ready, loop_phase if frame[1] is wait_node else None)
+                if loop_phase is not None:
+                    loop_phase.steps += 1
+                stack = sw._thread_stack()
+                if device is None:
+                    body_frame = (LOOP, body_node, ready)
+                else:
+                    start, allocated, reserved = device.begin(body, stack[-1])
+                    body_frame = [LOOP, body_node, ready, start, allocated, reserved]
+                stack.append(body_frame)
+            yield item
+    finally:
+        end = clock()
+        if wait_frame is not None:  # an exception in next()
+            close_frame(sw, wait_frame, end, loop_phase if wait_frame[1] is wait_node else None)
+        if body_frame is not None:  # a body left early: break, return or an exception
+            close_frame(sw, body_frame, end, loop_phase, device_loop)
+        if device_loop is not None and device is not None:
+            device.loop_finished(device_loop)
+        if root_frame is not None:
+            pop_frame(sw._thread_stack(), root_frame)
+            sw._local.phase = previous_phase
+        if outer:  # between loops, blocks are measured while the schedule still has steps to measure
+            sw._in_window = sw.schedule.measures(phase.schedule_pos)
+            sw._update_flags()
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def close_frame(sw: Stopwatch, frame: Any, end: int, phase: Phase | None, loop: _Loop | None = None) -> None:
+    """Records an open frame of a timed iterator; ``phase`` gets the time when the loop owns it. A frame that
+    was dropped meanwhile (``disable()``, ``reset()``) is removed without being recorded."""
+    stack = sw._thread_stack()
+    if stack[-1] is frame:
+        del stack[-1]
+    elif not pop_frame(stack, frame):
+        for position in range(len(stack) - 1, 0, -1):  # its stand-in after a switch
+            if stack[position][0] is LOOP and stack[position][1] is DROPPED:
+                del stack[position:]
+                break
+        return
+    elapsed = end - frame[2]
+    node = frame[1]
+    node.buf.append(elapsed)
+    if len(node.buf) >= FOLD:
+        sw._fold(node)
+    if len(frame) > 3 and sw._device is not None:
+        sw._device.end(frame, stack[-1], node, loop)
+    if phase is not None:
+        phase.loop_ns += elapsed

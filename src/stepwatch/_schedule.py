@@ -1,0 +1,56 @@
+"""Which steps are measured (warm-up, active window, period) and the checks of every configuration value.
+
+Everything a user passes is checked completely when it is given (``Stopwatch(...)``, ``enable(...)``), so a
+value that would only fail later, inside the training loop, fails at once with a one-line ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_WINDOW = 1_000_000
+"""The most recent measurements a stage may keep for percentiles (each costs a slot in memory and file)."""
+
+
+def check_steps(value: object, name: str, *, optional: bool) -> int | None:
+    """A non-negative integer (or None where ``optional``); anything else is a ``ValueError`` naming it."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        allowed = "a non-negative integer or None" if optional else "a non-negative integer"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def check_window(window: object) -> int:
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"window must be an integer from 1 to {MAX_WINDOW:,}, got {window!r}")
+    return window
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Which steps are measured: skip ``warmup`` steps of each timed iterator, then measure ``active`` steps
+    in every period of ``every`` steps (``active=None``: measure everything; ``every=None``: one window)."""
+
+    warmup: int = 0
+    active: int | None = None
+    every: int | None = None
+
+    def __post_init__(self) -> None:
+        check_steps(self.warmup, "warmup", optional=False)
+        check_steps(self.active, "active", optional=True)
+        check_steps(self.every, "every", optional=True)
+        if self.every is not None:
+            if self.active is None:
+                raise ValueError("every needs active: measure `active` steps out of every `every`")
+            if self.every < max(self.active, 1):
+                raise ValueError(f"every ({self.every}) must be at least active ({self.active}) and positive")
+
+    def measures(self, position: int) -> bool:
+        """Whether the step at ``position`` (counted after warm-up) is measured."""
+        if self.active is None:
+            return True
+        if self.every is None:
+            return position < self.active
+        return position % self.every < self.active

@@ -1,0 +1,237 @@
+"""The recording's data: a tree of stage nodes per phase, the frames of open blocks, and worker totals.
+
+A stage node holds a buffer of raw durations and exact running statistics; the buffer is folded into the
+statistics every ``FOLD`` measurements. Open blocks live on a per-thread stack of ``(owner, node, start_ns)``
+frames. A frame whose measurement must not count (its block was open when the stopwatch was switched off or
+reset, or it overlapped another block out of order) points at :data:`DROPPED`, a node that forgets what it is
+given, so dropping costs the hot path nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ._stats import Partial, RunningStats, partial_of
+from ._summary import StageStats, WorkerStats
+from ._workers import WorkerReport
+
+FOLD = 1024
+"""Measurements buffered per stage before they are folded into the running statistics."""
+
+DEFAULT_PHASE = "train"
+FIRST_BATCH = "first_batch"
+"""Where the wait for the first item of each epoch goes, apart from the steady-state ``loader`` wait."""
+OVERFLOW = "(overflow)"
+"""The row that collects the stages past :data:`MAX_STAGES` distinct ones."""
+MAX_STAGES = 10_000
+"""Distinct stages (and stage names) kept; more are folded into :data:`OVERFLOW`, so memory stays bounded."""
+
+LOOP = object()
+"""Owner of a timed iterator's wait or body frame."""
+
+Frame = tuple[Any, "Node", int]
+"""An open block on a thread's stack: (owner, stage node, start in ns). The owner is the timed block,
+:data:`LOOP` for a timed iterator's wait or body, or None for a phase root."""
+
+
+class Node:
+    """One stage in the hierarchy of one phase: its buffers, statistics and children by name."""
+
+    __slots__ = (
+        "buf",
+        "children",
+        "device_buf",
+        "device_stats",
+        "in_workers",
+        "path",
+        "peak_allocated",
+        "peak_reserved",
+        "stats",
+    )
+
+    def __init__(self, path: str, window: int) -> None:
+        self.path = path
+        self.children: dict[str, Node] = {}
+        self.buf: list[int] = []
+        self.stats = RunningStats(window=window)
+        self.device_buf: list[int] = []
+        self.device_stats = RunningStats(window=window)
+        self.peak_allocated = -1  # bytes; -1: never measured on a device
+        self.peak_reserved = -1
+        self.in_workers = False  # measured in DataLoader worker processes, not inside its parent's time
+
+    def child_path(self, name: str) -> str:
+        return f"{self.path}/{name}" if self.path else name
+
+    def clear(self) -> None:
+        """Forgets every measurement below and at this node; the nodes stay, so open frames stay valid."""
+        self.buf.clear()
+        self.device_buf.clear()
+        self.stats.clear()
+        self.device_stats.clear()
+        self.peak_allocated = self.peak_reserved = -1
+        for child in self.children.values():
+            child.clear()
+
+
+class _AlwaysFull(list[int]):
+    """The buffer of :data:`DROPPED`: it always reads as full, so every dropped block's exit calls the
+    stopwatch's fold, which forgets it and notices when the last dropped block has closed."""
+
+    def __len__(self) -> int:
+        return FOLD
+
+
+class _Sink(dict[str, Node]):
+    """Children of :data:`DROPPED`: every name is DROPPED again, so blocks opened under a dropped one drop."""
+
+    def get(self, key: str, default: Any = None) -> Node:
+        return DROPPED
+
+
+DROPPED = Node("<dropped>", 1)
+DROPPED.children = _Sink()
+DROPPED.buf = _AlwaysFull()
+
+
+class Phase:
+    """Recording state of one phase (``train``, ``val``, ...)."""
+
+    __slots__ = (
+        "counters",
+        "device_busy_ns",
+        "device_caught_up",
+        "device_idle_ns",
+        "device_steps",
+        "loop_ns",
+        "name",
+        "root",
+        "schedule_pos",
+        "steps",
+        "workers",
+    )
+
+    def __init__(self, name: str, window: int) -> None:
+        self.name = name
+        self.root = Node("", window)
+        self.workers: dict[int, WorkerTotals] = {}
+        self.counters: dict[str, float] = {}
+        self.clear()
+
+    def clear(self) -> None:
+        self.root.clear()
+        self.counters = {}
+        self.loop_ns = 0
+        self.steps = 0
+        self.schedule_pos = 0
+        self.device_busy_ns = 0
+        self.device_idle_ns = 0
+        self.device_steps = 0
+        self.device_caught_up = 0
+        self.workers = {}
+
+
+class WorkerTotals:
+    """What the batches from one DataLoader worker id told the main process, across its restarts."""
+
+    __slots__ = ("batches", "busy_ns", "spans", "wait_ns", "wall_before_ns")
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.busy_ns = 0
+        self.wait_ns = 0
+        self.spans: dict[int, list[int]] = {}  # pid -> [started_ns, last_ready_ns]
+        self.wall_before_ns = 0  # carried over from a resumed run
+
+    def add(self, report: WorkerReport, received_ns: int) -> None:
+        _, pid, started, busy, ready, _ = report
+        self.batches += 1
+        self.busy_ns += busy
+        self.wait_ns += max(received_ns - ready, 0)
+        span = self.spans.get(pid)
+        if span is None:
+            self.spans[pid] = [started, ready]
+        elif ready > span[1]:
+            span[1] = ready
+
+    def stats(self, worker_id: int) -> WorkerStats:
+        wall = self.wall_before_ns + sum(last - first for first, last in self.spans.values())
+        return WorkerStats(worker_id, self.batches, self.busy_ns, wall, self.wait_ns)
+
+
+def fold(node: Node) -> None:
+    """Folds a node's buffered measurements into its statistics (callers hold the stopwatch's lock)."""
+    if node is DROPPED:
+        list.clear(node.buf)
+        node.device_buf.clear()
+        return
+    for buf, stats in ((node.buf, node.stats), (node.device_buf, node.device_stats)):
+        count = len(buf)
+        chunk = buf[:count]
+        del buf[:count]  # appends racing with this land after ``count`` and stay
+        stats.add_batch(chunk)
+
+
+def collect(node: Node, out: dict[str, StageStats]) -> None:
+    """Adds ``node``'s recorded descendants to ``out``, depth first, each parent before its children and
+    ``<parent>/other`` (derived from the totals) after them."""
+    for child in node.children.values():
+        if child.buf or child.device_buf:
+            fold(child)
+        below: dict[str, StageStats] = {}
+        collect(child, below)
+        if child.stats.calls == 0 and not below:
+            continue
+        parent = StageStats.from_running(child.path, child.stats)
+        if child.in_workers:
+            parent = replace(parent, in_workers=True)
+        if child.device_stats.calls or child.peak_allocated >= 0:
+            parent = parent.with_device(
+                StageStats.from_running(child.path, child.device_stats) if child.device_stats.calls else None,
+                child.peak_allocated if child.peak_allocated >= 0 else None,
+                child.peak_reserved if child.peak_reserved >= 0 else None,
+            )
+        out[child.path] = parent
+        out.update(below)
+        direct = [
+            below[grandchild.path]
+            for grandchild in child.children.values()
+            # time measured in workers ran beside a main-process parent, not inside it
+            if grandchild.path in below and grandchild.in_workers == child.in_workers
+        ]
+        if direct and parent.calls:
+            other = StageStats.uncovered(parent, direct)
+            out[other.path] = replace(other, in_workers=True) if child.in_workers else other
+
+
+def take_from(node: Node, taken: dict[str, Partial]) -> None:
+    """Folds each stage's measurements here (in the worker, beside the main process) and hands them over."""
+    for child in node.children.values():
+        stats = child.stats
+        if stats.calls:  # more than a fold's worth since the last batch
+            stats.add_batch(child.buf)
+            child.buf = []
+            taken[child.path] = stats.partial()
+            stats.clear()
+        elif child.buf:
+            taken[child.path] = partial_of(child.buf, stats.window)
+            child.buf = []
+        take_from(child, taken)
+
+
+def pop_frame(stack: list[Any], frame: Any) -> bool:
+    """Removes ``frame`` (and anything left above it) from ``stack``; False if it is no longer there."""
+    for position in range(len(stack) - 1, 0, -1):
+        if stack[position] is frame:
+            del stack[position:]
+            return True
+    return False
+
+
+def dropped_copy(frame: Any) -> Frame:
+    """The frame of an open block whose measurement no longer counts: the same owner, so its exit still
+    finds it, and :data:`DROPPED` as its node. Phase roots (owner None) are structure, kept as they are."""
+    if frame[0] is None:
+        return frame  # type: ignore[no-any-return]
+    return (frame[0], DROPPED, 0)
