@@ -236,3 +236,42 @@ def test_iterable_dataset_busy_time_is_the_collate() -> None:
     workers = sw.summary().main_phase.workers
     assert workers[0].batches == 2 and workers[0].busy_ns > 0
     assert "loader/dataset" not in sw.summary().stages  # iterable datasets are not timed per sample
+
+
+# -- the loader outside watch() yields exactly its own batches (hardening) --------------------------------
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "persistent"])
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_loader_iterated_directly_after_watch_yields_its_batches(method: str, persistent: bool) -> None:
+    sw = Stopwatch()
+    sw.enable()
+    expected = plain_batches(make_loader(method))
+    loader = make_loader(method, persistent_workers=persistent)
+    assert_same_batches(list(sw.watch(loader)), expected)
+    assert_same_batches(list(loader), expected)  # an evaluation pass over the training loader
+    first = next(iter(loader))
+    assert isinstance(first, dict) and torch.equal(first["x"], expected[0]["x"])
+    assert_same_batches(list(sw.timed_iter(loader)), expected)  # timed_iter over a watched loader
+    sw.disable()
+    assert_same_batches(list(loader), expected)  # and after the stopwatch is off
+    assert calls(sw, "collate") == 4  # only the watched epoch is recorded
+
+
+def test_single_process_loader_iterated_directly_records_nothing() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    loader = make_loader(None, dataset=BusyDataset(size=8), num_workers=0)
+    list(sw.watch(loader))
+    before = sw.summary().stages
+    batches = list(loader)
+    assert len(batches) == 2 and isinstance(batches[0], dict)
+    after = sw.summary().stages
+    assert "collate" not in after  # no phantom top-level row
+    assert after["loader/collate"].calls == before["loader/collate"].calls
+
+
+@pytest.mark.parametrize("thing", [[1, 2, 3], range(4), iter([1, 2])], ids=["list", "range", "iterator"])
+def test_watch_needs_a_dataloader(thing: Any) -> None:
+    with pytest.raises(TypeError, match=r"watch\(\) needs a torch.utils.data.DataLoader.*timed_iter"):
+        Stopwatch().watch(thing)

@@ -78,20 +78,26 @@ def _default_stopwatch() -> Stopwatch:
 
 
 class TimedCollate:
-    """Wraps a ``collate_fn``: times it as ``collate`` and, in a worker, sends the worker's timings along."""
+    """Wraps a ``collate_fn``: times it as ``collate`` and, in a worker, sends the worker's timings along.
+
+    In the main process (``num_workers=0``) it times only while a ``watch()`` loop consumes the loader
+    (``watching``), so the loader iterated directly records nothing."""
 
     def __init__(self, collate_fn: Callable[[Any], Any], stopwatch: Stopwatch | None) -> None:
         self.collate_fn = collate_fn
         self.enabled = False
+        self.watching = False
         self._stopwatch = stopwatch  # the main process's; not sent to workers
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"collate_fn": self.collate_fn, "enabled": self.enabled, "_stopwatch": None}
+        return {"collate_fn": self.collate_fn, "enabled": self.enabled, "watching": False, "_stopwatch": None}
 
     def __call__(self, samples: Any) -> Any:
         if not self.enabled:
             return self.collate_fn(samples)
         if not _state.active:  # the main process (num_workers=0): recorded directly under the loader
+            if not self.watching:
+                return self.collate_fn(samples)
             stopwatch = self._stopwatch or _default_stopwatch()
             with stopwatch.timed("collate"):
                 return self.collate_fn(samples)
@@ -200,6 +206,52 @@ class TimedTransform(Generic[T]):
         return f"timed_transform({self.fn!r}, {self.name!r})"
 
 
+class Unwrapping:
+    """Set as a watched DataLoader's ``_get_iterator``: every iterator it makes hands out plain batches,
+    whoever iterates the loader (a ``watch()`` loop, the loader used directly, a library, after ``disable()``),
+    since workers started while watched keep wrapping batches in :class:`Carrier`. The reports go to
+    ``receiver`` while a ``watch()`` loop consumes the loader, and are dropped otherwise."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.receiver: Callable[[WorkerReport], None] | None = None
+        iterator = loader.__dict__.get("_iterator")
+        if iterator is not None:  # persistent workers started before watch()
+            self.wrap(iterator)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"loader": self.loader, "receiver": None}
+
+    def __call__(self) -> Any:
+        return self.wrap(type(self.loader)._get_iterator(self.loader))
+
+    def wrap(self, iterator: Any) -> Any:
+        next_data = iterator._next_data
+
+        def unwrapped_next_data() -> Any:
+            item = next_data()
+            if type(item) is Carrier:
+                receiver = self.receiver
+                if receiver is not None:
+                    receiver(item.report)
+                return item.batch
+            return item
+
+        iterator._next_data = unwrapped_next_data
+        return iterator
+
+
+def _install_unwrapping(loader: Any) -> Unwrapping | None:
+    current = loader.__dict__.get("_get_iterator")
+    if isinstance(current, Unwrapping):
+        return current
+    if not callable(getattr(type(loader), "_get_iterator", None)):
+        return None
+    unwrapping = Unwrapping(loader)
+    loader._get_iterator = unwrapping
+    return unwrapping
+
+
 class WatchedLoader(Generic[T]):
     """Iterates a DataLoader like ``timed_iter``, bringing back the timings its workers measured. The batches
     are exactly what the DataLoader yields."""
@@ -207,9 +259,18 @@ class WatchedLoader(Generic[T]):
     def __init__(
         self, loader: Any, stopwatch: Stopwatch, stage: str = "loader", body: str = "step", phase: str | None = None
     ) -> None:
+        if not all(hasattr(loader, name) for name in ("collate_fn", "worker_init_fn", "num_workers", "dataset")):
+            raise TypeError(
+                f"watch() needs a torch.utils.data.DataLoader, got {type(loader).__name__}; time any other"
+                " iterable with timed_iter()"
+            )
         self.loader = loader
         self.stopwatch = stopwatch
         self.stage, self.body, self.phase = stage, body, phase
+        unwrapping = _install_unwrapping(loader)
+        if unwrapping is None:
+            raise TypeError(f"watch() cannot instrument {type(loader).__name__}: use timed_iter() instead")
+        self._unwrapping = unwrapping
         collate = loader.collate_fn
         if not isinstance(collate, TimedCollate):
             collate = TimedCollate(collate, stopwatch)
@@ -232,20 +293,18 @@ class WatchedLoader(Generic[T]):
         return self.stopwatch.timed_iter(self._unwrapped(), self.stage, self.body, self.phase)
 
     def _plain(self) -> Iterator[T]:
-        """Stopwatch off: the loader's batches, unwrapped if persistent workers started while it was on."""
-        for item in self.loader:
-            yield item.batch if type(item) is Carrier else item
+        """Stopwatch off: the loader's own batches (unwrapped by :class:`Unwrapping`)."""
+        return iter(self.loader)
 
     def _unwrapped(self) -> Iterator[T]:
         in_main = self.loader.num_workers == 0
         wrapper = install_dataset_timing(self.loader.dataset, self.stopwatch) if in_main else None
-        receive = self.stopwatch._receive_worker_report
+        self._unwrapping.receiver = self.stopwatch._receive_worker_report
+        self._collate.watching = True
         try:
-            for item in self.loader:
-                if type(item) is Carrier:
-                    receive(item.report)
-                    item = item.batch
-                yield item
+            yield from self.loader
         finally:
+            self._unwrapping.receiver = None
+            self._collate.watching = False
             if wrapper is not None:
                 remove_dataset_timing(self.loader.dataset, wrapper)
