@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -471,3 +473,163 @@ def test_block_spanning_the_end_of_the_window_is_recorded_and_leaves_no_trace(cl
     with sw.timed("after"):
         pass
     assert "after" in sw.summary().stages  # not nested under a stale "epoch" frame
+
+
+# -- hardening: what a training job passes in never crashes it later ------------------------------------
+
+
+def counted(sw: Stopwatch) -> dict[str, float]:
+    return dict(sw.summary().main_phase.counters)
+
+
+def test_count_accepts_numpy_and_torch_scalars_from_the_first_call() -> None:
+    import numpy as np
+    import torch
+
+    sw = Stopwatch(warmup=2)
+    sw.enable()
+    values = [np.int64(32), np.float32(1.5), torch.tensor(32), torch.tensor(0.5), 7]
+    for _ in sw.timed_iter(range(4)):  # two warm-up steps, then two measured ones
+        sw.count(samples=values[0], tokens=values[1], atoms=values[2], loss=values[3], plain=values[4])
+    assert counted(sw) == {"samples": 64, "tokens": 3.0, "atoms": 64, "loss": 1.0, "plain": 14}
+    assert all(type(value) in (int, float) for value in counted(sw).values())
+    assert "samples/s" in sw.report()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "32", None, True, b"1", [1], "nan"], ids=repr)
+def test_count_rejects_what_is_not_a_finite_number_whether_measuring_or_not(bad: object) -> None:
+    import numpy as np
+    import torch
+
+    off = Stopwatch()  # not measuring: checked all the same
+    with pytest.raises(TypeError, match="finite number"):
+        off.count(x=bad)  # type: ignore[arg-type]
+    on = enabled()
+    with pytest.raises(TypeError, match="finite number"):
+        on.count(x=bad)  # type: ignore[arg-type]
+    for tensorish in (torch.tensor([1, 2]), torch.tensor(True), np.bool_(True), np.float64("nan")):
+        with pytest.raises(TypeError, match="finite number"):
+            on.count(x=tensorish)
+    assert counted(on) == {}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"warmup": None},
+        {"warmup": -1},
+        {"warmup": 1.5},
+        {"active": "3"},
+        {"every": True},
+        {"window": 10**30},
+        {"window": 0},
+        {"window": None},
+        {"active": 2, "every": 1},
+        {"every": 5},
+    ],
+    ids=repr,
+)
+def test_schedule_values_fail_at_construction(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Stopwatch(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kwargs", [{"warmup": -1}, {"active": -2}, {"every": 1.5}, {"warmup": "2"}], ids=repr)
+def test_enable_checks_the_schedule_before_changing_anything(kwargs: dict[str, object]) -> None:
+    sw = Stopwatch(warmup=2, active=3, every=5)
+    with pytest.raises(ValueError):
+        sw.enable(**kwargs)  # type: ignore[arg-type]
+    assert not sw.is_enabled()
+    assert (sw.schedule.warmup, sw.schedule.active, sw.schedule.every) == (2, 3, 5)
+
+
+def test_enable_changes_only_the_schedule_parts_given() -> None:
+    sw = Stopwatch(warmup=2, active=3, every=5)
+    sw.enable(warmup=0)
+    sw.disable()
+    assert (sw.schedule.warmup, sw.schedule.active, sw.schedule.every) == (0, 3, 5)
+
+
+def test_largest_window_works_in_a_loop() -> None:
+    from stepwatch._schedule import MAX_WINDOW
+
+    sw = enabled(window=MAX_WINDOW)
+    for _ in sw.timed_iter(range(3)):
+        with sw.timed("x"):
+            pass
+    assert sw.summary().stages["step/x"].calls == 3
+
+
+@pytest.mark.parametrize("value", [1e308, 10**400, -1e308], ids=["float", "huge int", "negative"])
+def test_counters_never_break_saving_or_reporting(tmp_path: object, value: float) -> None:
+    import pathlib
+
+    sw = enabled()
+    for _ in sw.timed_iter(range(3)):
+        sw.count(x=value)
+    total = counted(sw)["x"]
+    assert math.isfinite(float(total)) and abs(total) == sys.float_info.max
+    path = pathlib.Path(str(tmp_path)) / "run.json"
+    sw.save(path)
+    assert "x/s" in sw.report()
+    assert stepwatch.load(path).main_phase.counters["x"] == total
+    assert stepwatch.render(stepwatch.load(path), "json")
+
+
+def test_stage_names_are_capped_and_memory_stays_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    import tracemalloc
+
+    from stepwatch._tree import MAX_STAGES, OVERFLOW
+
+    sw = enabled()
+    tracemalloc.start()
+    for i in range(MAX_STAGES + 5_000):
+        with sw.timed(f"batch_{i}"):
+            pass
+    grown_after_cap = tracemalloc.get_traced_memory()[0]
+    for i in range(MAX_STAGES + 5_000, MAX_STAGES + 25_000):
+        with sw.timed(f"batch_{i}"):
+            pass
+    grown = tracemalloc.get_traced_memory()[0] - grown_after_cap
+    tracemalloc.stop()
+    stages = sw.summary().stages
+    assert len(stages) <= MAX_STAGES + 1
+    assert stages[OVERFLOW].calls == 25_000  # every block past the first 10,000 names
+    assert grown < 2**20  # 20,000 more names cost nothing that stays
+    assert sum("distinct stages" in record.message for record in caplog.records) == 1
+    assert "batch_" in caplog.text and OVERFLOW in sw.report()
+    off = Stopwatch()
+    for i in range(MAX_STAGES + 100):
+        with off.timed(f"n{i}"):
+            pass
+    assert len(off._blocks) <= MAX_STAGES + 1
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda sw: sw.timed_iter([], stage="x", body="x"), "must differ"),
+        (lambda sw: sw.timed_iter([], stage="first_batch"), "reserved"),
+        (lambda sw: sw.timed_iter([], body="first_batch"), "reserved"),
+        (lambda sw: sw.timed("a\nb"), "control characters"),
+        (lambda sw: sw.timed("a\tb"), "control characters"),
+        (lambda sw: sw.timed(["a"]), "non-empty string"),
+        (lambda sw: sw.timed({"a": 1}), "non-empty string"),
+        (lambda sw: sw.timed("(overflow)"), "reserved"),
+        (lambda sw: sw.timed_iter([], phase="a\nb"), "control characters"),
+    ],
+    ids=[
+        "same stage and body",
+        "stage first_batch",
+        "body first_batch",
+        "newline",
+        "tab",
+        "list",
+        "dict",
+        "overflow",
+        "phase newline",
+    ],
+)
+def test_bad_names_get_a_value_error(call: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call(enabled())

@@ -47,6 +47,8 @@ class Block:
             if node is None:
                 node = sw._add_child(parent, self._name)
             stack.append((self, node, self._clock()))
+        elif sw._measuring is not False:  # DROPPING (read again: it may have changed since)
+            sw._track(self)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         sw = self._sw
@@ -122,6 +124,8 @@ class DeviceBlock(Block):
                 return
             start, allocated, reserved = device.begin(self._name, parent_frame)
             stack.append([self, node, self._clock(), start, allocated, reserved])
+        elif sw._measuring is not False:  # DROPPING (read again: it may have changed since)
+            sw._track(self)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         sw = self._sw

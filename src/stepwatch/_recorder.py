@@ -46,6 +46,8 @@ from ._workers import WatchedLoader, WorkerReport
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
 
+DROPPING = 0
+"""The value of ``Stopwatch._measuring`` when switched off after having been on (see ``_update_flags``)."""
 COUNTER_LIMIT = sys.float_info.max
 """Counters saturate here, so that what was counted can always be saved and reported."""
 
@@ -99,8 +101,9 @@ class Stopwatch:
         self._blocks = Blocks(self)
         self._enabled = False
         self._in_window = True
-        self._measuring = False
+        self._measuring: bool | int = False
         self._hot = False
+        self._was_enabled = False
         self.out: str | None = None
         self._phases: dict[str, Phase] = {}
         self._phase_of_root: dict[Node, str] = {}
@@ -150,6 +153,7 @@ class Stopwatch:
                 self._started_wall = time.time()
                 self._session_start_ns = self._clock()
             self._enabled = True
+            self._was_enabled = True
             self._update_flags()
         if path is not None:
             from ._autosave import install
@@ -205,9 +209,8 @@ class Stopwatch:
 
     def _drop_open_frames(self) -> None:
         """Hands every thread a fresh stack (under the lock); see the module's docstring."""
-        for ident, stack in self._stacks.items():
-            if len(stack) > 1:
-                self._before_switch[ident] = stack
+        # every stack, even one with nothing open: its thread may be pushing onto it right now
+        self._before_switch.update(self._stacks)
         self._stacks = {}
         self._local = threading.local()
 
@@ -232,11 +235,18 @@ class Stopwatch:
         return stack
 
     def _update_flags(self) -> None:
-        """``_measuring``: blocks open frames. ``_hot``: blocks look for their frame on the way out, needed
-        while a block opened in the window (or dropped by a switch) is still open; otherwise leaving a block
-        costs what it costs when the stopwatch is off."""
-        self._measuring = self._enabled and self._in_window
-        self._hot = self._measuring or self._blocks_open()
+        """``_measuring``: True, blocks open frames; :data:`DROPPING` (switched off after having been on),
+        blocks open dropped frames, so that their children never show as top-level rows if it is switched on
+        again while they are open; False (never on, or outside the measured window), blocks do nothing.
+        DROPPING is falsy but not False: a block that reads ``_measuring`` twice while another thread switches
+        it on sees True or DROPPING the second time, never False, so it always leaves a frame. ``_hot``: blocks
+        look for their frame on the way out, needed while a block opened in the window (or dropped) is still
+        open; otherwise leaving a block costs what it costs when the stopwatch has never been on."""
+        if self._enabled:
+            self._measuring = self._in_window
+        else:
+            self._measuring = DROPPING if self._was_enabled else False
+        self._hot = self._measuring is not False or self._blocks_open()
 
     def _blocks_open(self) -> bool:
         """Whether any thread has a timed block open (checked only when the measured window closes)."""
@@ -246,6 +256,14 @@ class Stopwatch:
                 del self._before_switch[ident]
         stacks = [*self._stacks.values(), *self._before_switch.values()]
         return any(frame[0] is not None and frame[0] is not LOOP for stack in stacks for frame in stack)
+
+    def _track(self, block: Block) -> None:
+        """Switched off after having been on: the block opens a dropped frame (see :meth:`_update_flags`)."""
+        try:
+            stack = self._local.stack
+        except AttributeError:
+            stack = self._thread_stack()
+        stack.append((block, DROPPED, 0))
 
     def _unwind(self, stack: list[Any], owner: Block) -> None:
         """A block's frame is not on top of its stack on the way out: if it is further down, the frames above
@@ -320,9 +338,12 @@ class Stopwatch:
         counters = phase.counters
         with self._count_lock:
             for unit, value in units.items():
-                total = counters.get(unit, 0) + value
+                try:
+                    total = counters.get(unit, 0) + value
+                except OverflowError:  # a saturated float counter plus a huge int
+                    total = value
                 if not -COUNTER_LIMIT <= total <= COUNTER_LIMIT:
-                    total = math.copysign(COUNTER_LIMIT, total)
+                    total = COUNTER_LIMIT if total > 0 else -COUNTER_LIMIT
                     self._warn_counter(unit)
                 counters[unit] = total
 
@@ -391,7 +412,7 @@ class Stopwatch:
     def _fold(self, node: Node) -> None:
         with self._lock:
             fold(node)
-            if node is DROPPED and not self._measuring:
+            if node is DROPPED and self._measuring is False:
                 self._update_flags()  # the last dropped block may have closed
 
     def _warn_overflow(self, name: str) -> None:

@@ -42,6 +42,12 @@ def render_text(summary: Summary) -> str:
         footer += "sync mode on: the device was synchronized at every stage boundary (exact wall times, slower run)\n"
     if summary.metadata.get("device_error"):
         footer += f"device failed; its pending measurements were dropped: {summary.metadata['device_error']}\n"
+    dropped = summary.metadata.get("dropped_blocks") or 0
+    if dropped:
+        footer += (
+            f"{dropped:,} timed blocks were dropped: they overlapped out of order on one thread (asyncio tasks),"
+            " so their nesting could not be known\n"
+        )
     for event in summary.out_of_memory:
         footer += (
             f"out of memory in {event.phase}:{event.stage} with {event.allocated / MIB:,.0f} MiB allocated,"

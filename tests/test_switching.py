@@ -1,0 +1,222 @@
+"""Switching and unusual control flow never corrupt what is recorded after them: reset() and
+load_state_dict() inside a running loop, loops whose iter() fails, asyncio tasks whose blocks overlap,
+abandoned loops, and disable()/enable()/reset() racing with threads inside blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from stepwatch import Stopwatch
+
+from .conftest import FakeClock
+
+MS = 1_000_000  # ns
+
+
+def data(clock: FakeClock, n: int, wait_ns: int = 3 * MS) -> Iterator[int]:
+    for i in range(n):
+        clock.advance(wait_ns)
+        yield i
+
+
+def train(sw: Stopwatch, clock: FakeClock, n: int = 20, on_step: Any = None) -> None:
+    for k in sw.timed_iter(data(clock, n)):
+        with sw.timed("forward"):
+            clock.advance(1 * MS)
+        sw.count(samples=1)
+        if on_step is not None:
+            on_step(k)
+
+
+@pytest.mark.parametrize("how", ["reset", "load_state_dict of an empty run"])
+def test_reset_inside_a_loop_records_the_rest_normally(clock: FakeClock, how: str) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    empty = Stopwatch().state_dict()
+
+    def at_step(k: int) -> None:
+        if k == 5:
+            sw.reset() if how == "reset" else sw.load_state_dict(empty)
+
+    train(sw, clock, 20, at_step)
+    phase = sw.summary().main_phase
+    stages = phase.stages
+    assert phase.steps == 14  # steps 6..19; the step under way at the reset is dropped
+    assert [stages[p].calls for p in ("loader", "step", "step/forward")] == [14, 14, 14]
+    assert "forward" not in stages and "first_batch" not in stages
+    assert phase.loop_ns == 14 * 4 * MS
+    assert phase.counters["samples"] == 14
+    assert phase.throughput["samples"] == pytest.approx(250.0)  # one sample per 4 ms, as it truly was
+    assert sw.summary().verdict.kind == "input-bound"
+
+
+def test_load_state_dict_inside_a_loop_carries_on_from_the_checkpoint(clock: FakeClock) -> None:
+    before = Stopwatch(clock=clock)
+    before.enable()
+    train(before, clock, 10)
+    state = before.state_dict()
+
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    train(sw, clock, 20, lambda k: sw.load_state_dict(state) if k == 5 else None)
+    phase = sw.summary().main_phase
+    assert phase.steps == 10 + 14
+    assert phase.stages["step/forward"].calls == 10 + 14
+    assert phase.counters["samples"] == 10 + 14
+
+
+class FailsToStart:
+    """An iterable whose ``__iter__`` fails the first time (workers that fail to start)."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("workers failed to start")
+        return iter(range(6))
+
+
+def test_iter_failing_leaves_a_clean_state(clock: FakeClock) -> None:
+    sw = Stopwatch(warmup=2, clock=clock)
+    sw.enable()
+    flaky = FailsToStart()
+    with pytest.raises(RuntimeError, match="failed to start"):
+        for _ in sw.timed_iter(flaky):
+            pass
+    assert len(sw._thread_stack()) == 1
+    for _ in sw.timed_iter(flaky):
+        clock.advance(MS)
+    phase = sw.summary().main_phase
+    assert phase.steps == 4  # warm-up still applies: 6 items, 2 skipped
+    assert phase.stages["step"].calls == 4
+
+
+def test_exceptions_from_data_and_body_leave_a_clean_state(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+
+    def broken() -> Iterator[int]:
+        yield 1
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        for _ in sw.timed_iter(broken()):
+            pass
+    with pytest.raises(KeyError):
+        for _ in sw.timed_iter(range(3)):
+            raise KeyError("body")
+    assert len(sw._thread_stack()) == 1
+    train(sw, clock, 4)
+    assert sw.summary().main_phase.stages["step/forward"].calls == 4
+
+
+# -- asyncio -----------------------------------------------------------------------------------------------
+
+
+def test_overlapping_async_blocks_are_dropped_and_said(clock: FakeClock) -> None:
+    sw = Stopwatch()
+    sw.enable()
+
+    async def task(name: str, seconds: float) -> None:
+        with sw.timed(name):
+            await asyncio.sleep(seconds)
+
+    async def main() -> None:
+        await asyncio.gather(task("a", 0.01), task("b", 0.03))  # a ends while b, opened after it, is open
+
+    asyncio.run(main())
+    with sw.timed("after"):
+        pass
+    summary = sw.summary()
+    assert set(summary.stages) == {"after"}  # nothing nests under a stale frame
+    assert summary.metadata["dropped_blocks"] == 2
+    assert "2 timed blocks were dropped" in sw.report()
+    assert len(sw._thread_stack()) == 1
+
+
+def test_timed_async_function_times_the_awaited_coroutine() -> None:
+    sw = Stopwatch()
+    sw.enable()
+
+    @sw.timed("fetch")
+    async def fetch() -> int:
+        await asyncio.sleep(0.02)
+        return 7
+
+    assert asyncio.run(fetch()) == 7
+    assert sw.summary().stages["fetch"].min >= 0.02
+
+
+def test_timed_refuses_generator_functions() -> None:
+    sw = Stopwatch()
+    with pytest.raises(TypeError, match="generator function"):
+
+        @sw.timed("gen")
+        def gen() -> Iterator[int]:
+            yield 1
+
+    with pytest.raises(TypeError, match="generator function"):
+
+        @sw.timed("agen")
+        async def agen() -> Any:
+            yield 1
+
+
+# -- threads racing with the switch --------------------------------------------------------------------------
+
+
+def test_switching_while_threads_are_inside_blocks_keeps_the_hierarchy() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            with sw.timed("outer"):
+                with sw.timed("inner"):
+                    pass
+                with sw.timed("inner"):
+                    pass
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        for i in range(300):
+            sw.disable()
+            sw.enable()
+            if i % 7 == 0:
+                sw.reset()
+        time.sleep(0.05)  # the threads record for a while after the last switch
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    stages = set(sw.summary().stages)
+    assert stages <= {"outer", "outer/inner", "outer/other"}, stages
+    assert "outer/inner" in stages
+    with sw.timed("later"):
+        pass
+    assert "later" in sw.summary().stages
+
+
+def test_disable_drops_open_blocks_and_what_opens_inside_them(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    with sw.timed("outer"):
+        sw.disable()
+        sw.enable()
+        with sw.timed("inner"):  # inside a block that no longer counts: not a top-level row
+            clock.advance(MS)
+    with sw.timed("next"):
+        clock.advance(MS)
+    assert set(sw.summary().stages) == {"next"}
+    assert not sw._hot or sw._measuring
