@@ -192,3 +192,66 @@ if __name__ == "__main__":
     stages = stepwatch.load(out).stages
     assert "after_children" in stages and "child_only" not in stages
     assert_saved(out)
+
+
+def test_stopwatch_made_in_a_function_is_saved_after_it_returns(tmp_path: Path) -> None:
+    out = tmp_path / "inner.json"
+    code = f"""
+import gc
+from stepwatch import Stopwatch
+
+def setup():
+    sw = Stopwatch()
+    sw.enable(out={str(out)!r})
+    for _ in sw.timed_iter(range(3)):
+        with sw.timed("forward"):
+            pass
+        sw.count(samples=2)
+
+setup()
+gc.collect()
+"""
+    result = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert_saved(out)
+
+
+def test_relative_out_is_resolved_when_enabled_not_at_exit(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    body = """
+    import os
+    os.chdir("elsewhere")  # as Hydra does
+    """
+    result = subprocess.run(
+        [PYTHON, "-c", textwrap.dedent(RECORD) + textwrap.dedent(body)],
+        env=subprocess_env(STEPWATCH="1", STEPWATCH_OUT="runs.json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert_saved(tmp_path / "runs.json")
+    assert not (tmp_path / "elsewhere" / "runs.json").exists()
+
+
+def test_home_is_expanded_in_out(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [PYTHON, "-c", RECORD],
+        env=subprocess_env(STEPWATCH="1", STEPWATCH_OUT="~/run.json", HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert_saved(tmp_path / "run.json")
+
+
+def test_empty_out_is_refused() -> None:
+    import pytest
+
+    sw = stepwatch.Stopwatch()
+    for bad in ("", "   ", 5):
+        with pytest.raises(ValueError, match="out must be"):
+            sw.enable(out=bad)  # type: ignore[arg-type]
+    assert not sw.is_enabled()

@@ -81,3 +81,77 @@ def test_real_subprocess_entry_points(saved: Path, tmp_path: Path, command: list
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "not valid JSON" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+# -- compare as a CI gate, bad arguments, crafted files ---------------------------------------------------------
+
+
+@pytest.fixture
+def empty_run(tmp_path: Path) -> Path:
+    sw = Stopwatch()
+    sw.enable()
+    with sw.timed("setup"):  # recorded something, but no loop: no steps to compare
+        pass
+    path = tmp_path / "empty.json"
+    sw.save(path)
+    return path
+
+
+def test_gate_fails_when_a_run_measured_no_steps(
+    saved: Path, empty_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compare", str(saved), str(empty_run), "--fail-if-slower", "5"]) == 2
+    assert "measured no steps" in capsys.readouterr().err
+    assert main(["compare", str(empty_run), str(saved), "--fail-if-slower", "5"]) == 2
+    assert main(["compare", str(saved), str(saved), "--fail-if-slower", "5"]) == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "-inf"])
+def test_gate_percentage_must_be_finite_and_not_negative(
+    saved: Path, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compare", str(saved), str(saved), f"--fail-if-slower={value}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "0 or more" in err
+
+
+def test_unknown_stage_is_an_error_with_or_without_the_gate(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", str(saved), str(saved), "--stage", "nope"]) == 2
+    assert "no stage named nope" in capsys.readouterr().err
+    assert main(["compare", str(saved), str(saved), "--stage", "forward"]) == 0
+
+
+@pytest.mark.parametrize(
+    "field", ['"loop_ns": 1e400', f'"window": {10**30}', '"cpu_count": "x"', '"elapsed": NaN', '"devices": 5']
+)
+def test_crafted_file_is_one_line_and_exit_2_from_every_command(
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str
+) -> None:
+    key = field.split(":")[0]
+    text = saved.read_text()
+    assert key in text
+    crafted = tmp_path / "crafted.json"
+    crafted.write_text(text.replace(key + ":", field + ', "was":', 1))
+    for command in (
+        ["report", str(crafted)],
+        ["export", str(crafted), "--format", "json"],
+        ["export", str(crafted), "--format", "tsv"],
+        ["compare", str(crafted), str(saved)],
+        ["compare", str(saved), str(crafted), "--fail-if-slower", "5"],
+    ):
+        capsys.readouterr()
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "crafted.json" in err, err
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["--epochs", "-1"], ["--samples", "0"], ["--batch-size", "0"], ["--workers", "-3"], ["--workers", "0"]],
+)
+def test_demo_refuses_bad_values_in_one_line(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", *arguments])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "out of range" in err and "Traceback" not in err

@@ -163,3 +163,36 @@ def test_saved_file_states_figures_in_seconds_beside_exact_nanoseconds(tmp_path:
     assert stage["seconds"]["p50"] == pytest.approx(103e-9)
     other = json.loads(path.read_text())["phases"]["train"]["stages"]["step/other"]
     assert other["seconds"]["std"] is None and other["seconds"]["total"] == other["total_ns"] / 1e9
+
+
+# -- files and permissions ------------------------------------------------------------------------------------
+
+
+def test_new_file_honours_the_umask(tmp_path: Path, clock: FakeClock) -> None:
+    previous = os.umask(0o002)
+    try:
+        recorded(clock).save(tmp_path / "run.json")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "run.json").stat().st_mode & 0o777 == 0o664
+
+
+def test_existing_file_keeps_its_mode(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "run.json"
+    path.write_text("old")
+    path.chmod(0o640)
+    recorded(clock).save(path)
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert stepwatch.load(path).stages
+
+
+def test_saving_to_a_symlink_writes_its_target(tmp_path: Path, clock: FakeClock) -> None:
+    target = tmp_path / "runs" / "latest-target.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    recorded(clock).save(link)
+    assert link.is_symlink()
+    assert stepwatch.load(target).stages
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".stepwatch-")]

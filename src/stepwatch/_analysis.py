@@ -60,7 +60,7 @@ class Verdict:
             "degree": self.degree,
             "headline": self.headline,
             "advice": list(self.advice),
-            "figures": dict(self.figures),
+            "figures": {name: None if math.isnan(value) else value for name, value in self.figures.items()},
             "thresholds": {"highly": HIGHLY, "moderately": MODERATELY, "host_bound": HOST_BOUND, "compute": COMPUTE},
         }
 

@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-import weakref
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("stepwatch")
 
-_installed: weakref.WeakSet[Stopwatch] = weakref.WeakSet()
+_installed: dict[int, Stopwatch] = {}
+"""Stopwatches to save, held strongly: one enabled with ``out=`` inside a function that has returned is still
+saved at exit."""
 _hooks_lock = threading.Lock()
 _hooks_installed = False
 _previous_signal_handlers: dict[int, Any] = {}
@@ -35,7 +36,7 @@ write its stale copy of the parent's recording over the parent's file."""
 def install(stopwatch: Stopwatch) -> None:
     """Registers ``stopwatch`` for saving to ``stopwatch.out``; the process-wide hooks are installed once."""
     global _hooks_installed
-    _installed.add(stopwatch)
+    _installed[id(stopwatch)] = stopwatch
     with _hooks_lock:
         if _hooks_installed:
             return
@@ -61,7 +62,7 @@ def save_all(reason: str) -> None:
     ``STEPWATCH_OUT``)."""
     if os.getpid() != _owner_pid or multiprocessing.parent_process() is not None:
         return
-    for stopwatch in list(_installed):
+    for stopwatch in list(_installed.values()):
         if stopwatch.out is None:
             continue
         try:
@@ -71,7 +72,7 @@ def save_all(reason: str) -> None:
 
 
 def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-    for stopwatch in list(_installed):
+    for stopwatch in list(_installed.values()):
         if logger.isEnabledFor(logging.DEBUG):
             try:
                 logger.debug("stepwatch report at uncaught %s:\n%s", kind.__name__, stopwatch.report())

@@ -90,13 +90,21 @@ def summary_to_json(summary: Summary) -> str:
 
 
 def save_summary(summary: Summary, path: str | os.PathLike[str]) -> None:
-    """Writes ``summary`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    target = os.fspath(path)
+    """Writes ``summary`` to ``path`` via a temporary file in the same folder and an atomic rename. The file
+    gets the mode an ordinary ``open()`` would give it (the umask applied), an existing file keeps its mode,
+    and a symlink is written through to its target."""
+    target = os.path.realpath(os.fspath(path))
     text = summary_to_json(summary)
-    folder = os.path.dirname(os.path.abspath(target))
+    try:
+        mode = os.stat(target).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    folder = os.path.dirname(target)
     handle, temporary = tempfile.mkstemp(prefix=".stepwatch-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
+            if hasattr(os, "fchmod"):
+                os.fchmod(file.fileno(), mode)
             file.write(text)
             file.flush()
             os.fsync(file.fileno())
@@ -105,6 +113,20 @@ def save_summary(summary: Summary, path: str | os.PathLike[str]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system tells it (Linux), else set back at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
 
 
 def load_summary(path: str | os.PathLike[str]) -> Summary:

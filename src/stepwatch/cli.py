@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 
@@ -61,24 +62,30 @@ def _load(path: str) -> Summary | None:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    gate = args.fail_if_slower
+    if gate is not None and not (math.isfinite(gate) and gate >= 0):
+        print(f"stepwatch: --fail-if-slower needs a percentage of 0 or more, got {gate:g}", file=sys.stderr)
+        return 2
     before, after = _load(args.before), _load(args.after)
     if before is None or after is None:
         return 2
-    if args.fail_if_slower is not None and args.fail_if_slower < 0:
-        print("stepwatch: --fail-if-slower needs a percentage of 0 or more", file=sys.stderr)
-        return 2
     comparison = compare(before, after)
-    sys.stdout.write(render_comparison(comparison, args.before, args.after))
-    if args.fail_if_slower is None:
-        return 0
     known = {change.path for change in comparison.stages}
     unknown = [name for name in args.stage if not any(p == name or p.endswith(f"/{name}") for p in known)]
     if unknown:
         print(f"stepwatch: no stage named {', '.join(unknown)} in either run", file=sys.stderr)
         return 2
-    failures = comparison.slower_than(args.fail_if_slower, args.stage)
+    sys.stdout.write(render_comparison(comparison, args.before, args.after))
+    if gate is None:
+        return 0
+    pairs = ((args.before, comparison.step.before), (args.after, comparison.step.after))
+    empty = [name for name, per_step in pairs if per_step is None]
+    if empty:
+        print(f"stepwatch: nothing to compare: {' and '.join(empty)} measured no steps", file=sys.stderr)
+        return 2
+    failures = comparison.slower_than(gate, args.stage)
     if failures:
-        print(f"stepwatch: slower by more than {args.fail_if_slower:g}%: {'; '.join(failures)}", file=sys.stderr)
+        print(f"stepwatch: slower by more than {gate:g}%: {'; '.join(failures)}", file=sys.stderr)
         return 1
     return 0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import stepwatch
@@ -142,16 +142,34 @@ def train_once(num_workers: int, samples: int, epochs: int, batch_size: int) -> 
     return summary
 
 
+def _bounded(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high``, else a one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: use {bounds}")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="stepwatch demo",
         description="Train a small CNN on scikit-learn's digits with num_workers=0, then with workers, and show what"
         " stepwatch tells: both reports, their verdicts and the comparison.",
     )
-    parser.add_argument("--samples", type=int, default=1797, help="digits to use (at most 1797)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the second run")
+    parser.add_argument("--samples", type=_bounded(10, 1797), default=1797, help="digits to use (10 to 1797)")
+    parser.add_argument("--epochs", type=_bounded(1), default=2)
+    parser.add_argument("--batch-size", type=_bounded(1), default=32)
+    parser.add_argument(
+        "--workers", type=_bounded(1), default=2, help="DataLoader workers of the second run (the first has 0)"
+    )
     parser.add_argument("--out-dir", default="runs", help="where both runs are saved as JSON")
     args = parser.parse_args(argv)
     _require()
