@@ -220,3 +220,48 @@ def test_disable_drops_open_blocks_and_what_opens_inside_them(clock: FakeClock) 
         clock.advance(MS)
     assert set(sw.summary().stages) == {"next"}
     assert not sw._hot or sw._measuring
+
+
+# -- abandoned loops -------------------------------------------------------------------------------------------
+
+
+def test_abandoned_loop_is_detected_and_said(caplog: pytest.LogCaptureFixture) -> None:
+    sw = Stopwatch()
+    sw.enable()
+    loop = sw.timed_iter(range(10))
+    for i in loop:
+        if i == 2:
+            break  # kept in a variable: Python does not close it
+    for _ in sw.timed_iter(range(3), phase="val"):
+        pass
+    assert "left (break or return) but not closed" in caplog.text
+    loop.close()  # type: ignore[attr-defined]
+    assert len(sw._thread_stack()) == 1
+
+
+def validate(sw: Stopwatch) -> None:
+    for _ in sw.timed_iter(range(2), phase="val"):
+        pass
+
+
+def batches(sw: Stopwatch) -> Iterator[int]:
+    yield from sw.timed_iter(range(3))
+
+
+def test_loops_legitimately_nested_are_not_called_abandoned(caplog: pytest.LogCaptureFixture) -> None:
+    sw = Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(3)):  # inline
+        for _ in sw.timed_iter(range(2), phase="val"):
+            pass
+    for _ in sw.timed_iter(range(3)):  # in a function called from the body
+        validate(sw)
+    for _ in enumerate(sw.timed_iter(range(3))):  # through enumerate
+        validate(sw)
+    for _ in batches(sw):  # consumed by a generator
+        validate(sw)
+    loop = sw.timed_iter(range(3))  # in a variable, but still running
+    for _ in loop:
+        validate(sw)
+    assert "not closed" not in caplog.text
+    assert sw.summary().phases["val"].steps == 5 * 3 * 2

@@ -6,6 +6,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -15,15 +16,15 @@ from torch.utils.data import DataLoader, Dataset
 import stepwatch
 from stepwatch import Stopwatch
 
-from .conftest import spin
+from .conftest import OVERHEAD_S, spin
 
 SAMPLE_S = 0.010
 AUGMENT_S = 0.004
 
 
-def augment(x: torch.Tensor) -> torch.Tensor:
-    spin(AUGMENT_S)
-    return x * 2
+def augment(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    took = spin(AUGMENT_S)
+    return x * 2, took
 
 
 class BusyDataset(Dataset[dict[str, Any]]):
@@ -43,8 +44,11 @@ class BusyDataset(Dataset[dict[str, Any]]):
             raise ValueError(f"sample {index} is corrupt")
         if index == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        started = time.perf_counter()
         spin(SAMPLE_S - AUGMENT_S)
-        return {"x": self.augment(torch.full((3,), float(index))), "label": index, "name": f"s{index}"}
+        x, augment_took = self.augment(torch.full((3,), float(index)))
+        took = time.perf_counter() - started  # what the sample really cost, by the worker's own clock
+        return {"x": x, "label": index, "name": f"s{index}", "took": took, "augment_took": augment_took}
 
 
 def make_loader(method: str | None, **kwargs: Any) -> DataLoader[Any]:
@@ -61,6 +65,19 @@ def calls(sw: Stopwatch, stage: str, phase: str = "train") -> int:
     ``first_batch/``, the others under ``loader/``."""
     stages = sw.summary().phases[phase].stages
     return sum(stages[path].calls for path in (f"loader/{stage}", f"first_batch/{stage}") if path in stages)
+
+
+def assert_worker_figures_hold(sw: Stopwatch, batches: list[Any], augment: bool = True) -> None:
+    """Stepwatch's per-sample figures hold what the samples measured themselves, plus the timer's slack.
+    (``augment``: the transform is timed on the default stopwatch, so it reaches ``sw`` only from workers.)"""
+    took = [t for batch in batches for t in batch["took"].tolist()]
+    augment_took = [t for batch in batches for t in batch["augment_took"].tolist()]
+    stages = sw.summary().stages
+    checked = (("dataset", took), ("dataset/augment", augment_took)) if augment else (("dataset", took),)
+    for stage, truths in checked:
+        total = sum(stages[p].total for p in (f"loader/{stage}", f"first_batch/{stage}") if p in stages)
+        assert sum(truths) <= total < sum(truths) + len(truths) * OVERHEAD_S, stage
+    assert min(took) >= SAMPLE_S - 1e-9 and min(augment_took) >= AUGMENT_S - 1e-9  # float rounding
 
 
 def plain_batches(loader: DataLoader[Any], epochs: int = 1) -> list[Any]:
@@ -96,18 +113,16 @@ def test_worker_stages_come_back(sw: Stopwatch, method: str, persistent: bool) -
     assert stages["first_batch/collate"].calls == 2  # one first batch per epoch
     assert stages["loader"].calls == 6 and stages["first_batch"].calls == 2 and stages["step"].calls == 8
     assert stages["loader/dataset"].in_workers and stages["loader/dataset/other"].in_workers
-    # A busy-wait never ends early, but one preempted (two workers and the main process share two cores) or
-    # held up by the worker's queue-feeder thread taking the GIL runs long: that moves the mean, which is
-    # the wall time in the worker as measured, and leaves the median where it is.
-    assert SAMPLE_S <= stages["loader/dataset"].mean < 1.5 * SAMPLE_S
-    assert stages["loader/dataset"].p50 == pytest.approx(SAMPLE_S, rel=0.10)
-    assert stages["loader/dataset/augment"].p50 == pytest.approx(AUGMENT_S, rel=0.10)
+    # The truth is what each sample measured itself in its worker (preempted or not); nominal lengths are
+    # lower bounds only.
+    assert_worker_figures_hold(sw, got)
 
     workers = sw.summary().main_phase.workers
     assert sorted(workers) == [0, 1]
     assert sum(w.batches for w in workers.values()) == 8
+    assert sum(w.busy_ns for w in workers.values()) * 1e-9 >= sum(float(b["took"].sum()) for b in got)
     for worker in workers.values():
-        assert 4 * SAMPLE_S <= worker.busy_per_batch < 1.5 * 4 * SAMPLE_S
+        assert worker.busy_per_batch >= 4 * SAMPLE_S
         assert 0 < worker.utilization <= 1.0
         assert worker.wait_ns >= 0
     assert "dataset [w]" in sw.report() and "worker 1:" in sw.report()
@@ -180,11 +195,12 @@ def test_single_process_loader_nests_under_the_wait(sw: Stopwatch) -> None:
     dataset = BusyDataset(size=8)
     loader = make_loader(None, dataset=dataset, num_workers=0)
     expected = plain_batches(make_loader(None, dataset=BusyDataset(size=8), num_workers=0))
-    assert_same_batches(list(sw.watch(loader)), expected)
+    got = list(sw.watch(loader))
+    assert_same_batches(got, expected)
     stages = sw.summary().stages
     assert calls(sw, "dataset") == 8 and not stages["loader/dataset"].in_workers
     assert calls(sw, "collate") == 2
-    assert stages["loader/dataset"].mean == pytest.approx(SAMPLE_S, rel=0.05)
+    assert_worker_figures_hold(sw, got, augment=False)
     parts = stages["loader/dataset"].total + stages["loader/collate"].total + stages["loader/other"].total
     assert parts == pytest.approx(stages["loader"].total)
     assert "__getitems__" not in vars(dataset)  # the dataset is left as it was

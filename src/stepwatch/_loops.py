@@ -9,7 +9,14 @@ leaves the stack as it found it.
 
 from __future__ import annotations
 
+import dis
+import functools
+import inspect
+import logging
+import sys
+import threading
 from collections.abc import Iterable, Iterator
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._device import _Loop
@@ -19,6 +26,66 @@ if TYPE_CHECKING:
     from ._recorder import Stopwatch
 
 T = TypeVar("T")
+logger = logging.getLogger("stepwatch")
+
+
+class LoopSite:
+    """Where a timed iterator is consumed: the frame whose ``for`` statement iterates it, and where that
+    statement's body ends, to tell a loop still running from one abandoned (left with ``break`` while kept in a
+    variable, so Python does not close it)."""
+
+    __slots__ = ("for_iter", "frame", "phase", "warned")
+
+    def __init__(self, frame: FrameType | None, phase: str) -> None:
+        self.frame = frame
+        self.for_iter = frame.f_lasti if frame is not None else -1
+        self.phase = phase
+        self.warned = False
+
+    def abandoned(self, caller: FrameType | None) -> bool:
+        """Whether the ``for`` statement over this loop has certainly ended, seen from ``caller`` (the frame
+        starting another loop). When it cannot be known (no ``for`` statement, a generator's frame), False."""
+        frame = self.frame
+        if frame is None:
+            return False
+        on_stack = False
+        walker = caller
+        while walker is not None:
+            if walker is frame:
+                on_stack = True
+                break
+            walker = walker.f_back
+        if not on_stack:  # a plain function's frame off the stack has returned; a generator's may resume
+            return not frame.f_code.co_flags & (
+                inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+            )
+        end = _loop_end(frame.f_code, self.for_iter)
+        return end is not None and not self.for_iter < frame.f_lasti < end
+
+
+@functools.lru_cache(maxsize=256)
+def _loop_end(code: CodeType, offset: int) -> int | None:
+    """Where the ``for`` statement whose FOR_ITER is at ``offset`` ends; None if no FOR_ITER is there."""
+    for instruction in dis.get_instructions(code):
+        if instruction.offset == offset:
+            return instruction.argval if instruction.opname == "FOR_ITER" else None
+    return None
+
+
+def _check_enclosing(sw: Stopwatch, site: LoopSite) -> None:
+    """A loop starts inside another's open step: say so once if that other loop was in fact abandoned."""
+    sites = sw._loop_sites.get(threading.get_ident())
+    if not sites or sites[-1].warned:
+        return
+    enclosing = sites[-1]
+    if enclosing.abandoned(site.frame):
+        enclosing.warned = True
+        logger.warning(
+            "stepwatch: a timed loop of phase %r was left (break or return) but not closed: it is kept in a"
+            " variable, so Python did not close it, and the loop starting now is counted inside its open step."
+            " Close it first (loop.close()) or let a for statement own it",
+            enclosing.phase,
+        )
 
 
 def is_outermost(stack: list[Any]) -> bool:
@@ -41,6 +108,11 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
     device_loop = _Loop(phase) if device is not None and own_phase else None
     loop_phase = phase if own_phase else None
     iterator: Any = None
+    site = LoopSite(sys._getframe(1), phase.name)  # the frame calling next() on this generator
+    if not outer:
+        _check_enclosing(sw, site)
+    sites = sw._loop_sites.setdefault(threading.get_ident(), [])
+    sites.append(site)
     try:
         if own_phase:
             root_frame = (None, phase.root, 0)
@@ -112,6 +184,9 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
         if outer:  # between loops, blocks are measured while the schedule still has steps to measure
             sw._in_window = sw.schedule.measures(phase.schedule_pos)
             sw._update_flags()
+        if site in sites:
+            sites.remove(site)
+        site.frame = None
         close = getattr(iterator, "close", None)
         if close is not None:
             close()

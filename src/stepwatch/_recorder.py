@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_name
 from ._device import DeviceTimer
-from ._loops import iterate
+from ._loops import LoopSite, iterate
 from ._schedule import Schedule, check_steps, check_window
 from ._stats import DEFAULT_WINDOW, Partial
 from ._summary import DeviceLoad, PhaseSummary, StageStats, Summary
@@ -110,6 +110,7 @@ class Stopwatch:
         self._stacks: dict[int, list[Frame]] = {}  # thread id -> its stack
         self._before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
         self._local = threading.local()
+        self._loop_sites: dict[int, list[LoopSite]] = {}  # thread id -> its open timed iterators, innermost last
         self._worker_nodes: dict[tuple[Node, str], Node] = {}  # (loader node, worker path) -> node
         self._node_count = 0
         self._dropped_blocks = 0
