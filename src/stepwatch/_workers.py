@@ -5,8 +5,10 @@ two attributes a DataLoader lets one set after construction) and returns an iter
 ``timed_iter``. Inside each worker process the module-level default stopwatch records every ``timed`` block
 (each sample's ``dataset`` read, transforms wrapped with :func:`timed_transform`, the ``collate``, and the
 user's own blocks); when a batch is collated, the worker's measurements since the previous batch travel with
-that batch, inside a small carrier that the main process unwraps before the loop sees the batch. Nothing
-depends on a worker exiting cleanly: each batch carries its own timings.
+that batch, inside a small carrier. The loader's own iterators unwrap it (``Unwrapping`` replaces the loader's
+``_get_iterator``), so whoever iterates the loader gets exactly its batches; the report reaches the stopwatch
+only while a ``watch()`` loop consumes the loader. Nothing depends on a worker exiting cleanly: each batch
+carries its own timings.
 
 With ``num_workers=0`` everything runs in the main process and is recorded directly, nested under the loader.
 """
