@@ -59,6 +59,12 @@ def test_saved_on_uncaught_exception_with_report_logged(tmp_path: Path) -> None:
     assert_saved(out)
 
 
+def _default_sigint() -> None:
+    """A shell starting the suite in the background ignores SIGINT, and children inherit that: the child
+    under test gets Python's usual handling, whoever started the suite."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_and_signal(
     body: str, out: Path, signum: int, code: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -69,6 +75,7 @@ def start_and_signal(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
