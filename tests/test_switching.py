@@ -265,3 +265,16 @@ def test_loops_legitimately_nested_are_not_called_abandoned(caplog: pytest.LogCa
         validate(sw)
     assert "not closed" not in caplog.text
     assert sw.summary().phases["val"].steps == 5 * 3 * 2
+
+
+def test_counts_after_a_reset_inside_a_validation_loop_stay_in_it(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    for k in sw.timed_iter(data(clock, 6), phase="val"):
+        if k == 2:
+            sw.reset()
+        sw.count(samples=1)  # right after the reset: still the val phase
+    summary = sw.summary()
+    assert "train" not in summary.phases
+    assert summary.phases["val"].counters["samples"] == 3  # the step under way is dropped, its count too
+    assert summary.phases["val"].steps == 3

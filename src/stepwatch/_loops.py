@@ -97,6 +97,7 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
     """The generator behind :meth:`Stopwatch.timed_iter`."""
     clock = sw._clock
     stack = sw._thread_stack()
+    local = sw._local  # replaced by a switch: then the stack is read again
     outer = is_outermost(stack)
     own_phase = outer or phase_name is not None
     previous_phase = sw._local.__dict__.get("phase", DEFAULT_PHASE)
@@ -130,9 +131,11 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
             if device is not None:
                 device.before_clock()
             now = clock()
+            if sw._local is not local:
+                local, stack = sw._local, sw._thread_stack()
             if body_frame is not None:
                 frame, body_frame = body_frame, None
-                close_frame(sw, frame, now, loop_phase, device_loop)
+                close_frame(sw, stack, frame, now, loop_phase, device_loop)
             if device is not None:
                 device.poll()
             if outer:
@@ -145,12 +148,14 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
             if sw._measuring:
                 first = index == 0 and own_phase  # a one-off: workers starting, caches filling
                 wait_frame = (LOOP, first_node if first else wait_node, now)
-                sw._thread_stack().append(wait_frame)
+                stack.append(wait_frame)
             try:
                 item = next(iterator)
             except StopIteration:
                 if wait_frame is not None:
-                    pop_frame(sw._thread_stack(), wait_frame)  # the end of the data is not a wait
+                    if sw._local is not local:
+                        local, stack = sw._local, sw._thread_stack()
+                    close_frame(sw, stack, wait_frame, None, None)  # the end of the data is not a wait
                     wait_frame = None
                 return
             ready = clock()
@@ -159,10 +164,11 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
             index += 1
             if wait_frame is not None:
                 frame, wait_frame = wait_frame, None
-                close_frame(sw, frame, ready, loop_phase if frame[1] is wait_node else None)
+                if sw._local is not local:
+                    local, stack = sw._local, sw._thread_stack()
+                close_frame(sw, stack, frame, ready, loop_phase if frame[1] is wait_node else None)
                 if loop_phase is not None:
                     loop_phase.steps += 1
-                stack = sw._thread_stack()
                 if device is None:
                     body_frame = (LOOP, body_node, ready)
                 else:
@@ -172,14 +178,15 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
             yield item
     finally:
         end = clock()
+        stack = sw._thread_stack()
         if wait_frame is not None:  # an exception in next()
-            close_frame(sw, wait_frame, end, loop_phase if wait_frame[1] is wait_node else None)
+            close_frame(sw, stack, wait_frame, end, loop_phase if wait_frame[1] is wait_node else None)
         if body_frame is not None:  # a body left early: break, return or an exception
-            close_frame(sw, body_frame, end, loop_phase, device_loop)
+            close_frame(sw, stack, body_frame, end, loop_phase, device_loop)
         if device_loop is not None and device is not None:
             device.loop_finished(device_loop)
         if root_frame is not None:
-            pop_frame(sw._thread_stack(), root_frame)
+            pop_frame(stack, root_frame)
             sw._local.phase = previous_phase
         if outer:  # between loops, blocks are measured while the schedule still has steps to measure
             sw._in_window = sw.schedule.measures(phase.schedule_pos)
@@ -192,10 +199,11 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
             close()
 
 
-def close_frame(sw: Stopwatch, frame: Any, end: int, phase: Phase | None, loop: _Loop | None = None) -> None:
-    """Records an open frame of a timed iterator; ``phase`` gets the time when the loop owns it. A frame that
-    was dropped meanwhile (``disable()``, ``reset()``) is removed without being recorded."""
-    stack = sw._thread_stack()
+def close_frame(
+    sw: Stopwatch, stack: list[Any], frame: Any, end: int | None, phase: Phase | None, loop: _Loop | None = None
+) -> None:
+    """Records an open frame of a timed iterator (``end=None``: removes it unrecorded); ``phase`` gets the time
+    when the loop owns it. A frame dropped meanwhile (``disable()``, ``reset()``) is removed unrecorded."""
     if stack[-1] is frame:
         del stack[-1]
     elif not pop_frame(stack, frame):
@@ -203,6 +211,8 @@ def close_frame(sw: Stopwatch, frame: Any, end: int, phase: Phase | None, loop: 
             if stack[position][0] is LOOP and stack[position][1] is DROPPED:
                 del stack[position:]
                 break
+        return
+    if end is None:
         return
     elapsed = end - frame[2]
     node = frame[1]

@@ -192,6 +192,7 @@ class Stopwatch:
         self.out = None
         self._stacks = {}
         self._before_switch = {}
+        self._loop_sites = {}
         self._local = threading.local()
         for phase in self._phases.values():
             phase.clear()
@@ -334,7 +335,14 @@ class Stopwatch:
                 break
         if not self._measuring:
             return
-        name = self._local.__dict__.get("phase", DEFAULT_PHASE)  # no AttributeError raised
+        local = self._local.__dict__  # no AttributeError raised
+        stack = local.get("stack")
+        if stack is None:  # a fresh thread-local after a switch: the stack knows the phase
+            stack = self._thread_stack()
+            local = self._local.__dict__
+        if stack[-1][1] is DROPPED:  # inside a step dropped by a switch: its time is not counted either
+            return
+        name = local.get("phase", DEFAULT_PHASE)
         phase = self._phases.get(name) or self._phase(name)
         counters = phase.counters
         with self._count_lock:
