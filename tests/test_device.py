@@ -51,7 +51,7 @@ def test_gpu_bound_loop_device_times_without_synchronize(clock: FakeClock) -> No
     assert stages["step/forward"].device.mean == pytest.approx(6e-3)
     assert stages["step/backward"].device.mean == pytest.approx(10e-3)
     assert stages["step/forward"].mean == pytest.approx(0.1e-3)  # the CPU only launched the work
-    assert stages["step/forward"].device.calls == 50
+    assert stages["step/forward"].device.calls == 49  # the epoch's first step is reported apart
     children = stages["step/forward"].device.total + stages["step/backward"].device.total
     assert children == pytest.approx(stages["step"].device.total, rel=0.05)
     assert summary.main_phase.device.idle_share == pytest.approx(0.0, abs=0.01)
@@ -62,7 +62,7 @@ def test_input_starved_loop_shows_high_idle_share(clock: FakeClock) -> None:
     sw, device = make(clock)
     train(sw, device, clock, 50, load_ns=10 * MS, fwd=MS // 2, bwd=MS // 2)
     load = sw.summary().main_phase.device
-    assert load.steps == 50
+    assert load.steps == 49
     # each step keeps the device busy ~1 ms, then it waits ~10 ms for the next batch
     assert load.idle_share == pytest.approx(10 / 11, abs=0.02)
     assert sw.summary().share("loader") == pytest.approx(10 / 10.3, abs=0.02)
@@ -82,7 +82,7 @@ def test_resolution_is_lazy_and_in_order(clock: FakeClock) -> None:
     # the device is far behind: nothing could be resolved yet, and nothing was forced
     assert device.calls["elapsed"] == 0 and device.calls["synchronize"] == 0
     assert device.calls["query"] <= 10  # per step: one failed poll, one look at the step end event
-    assert sw.summary().stages["step/forward"].device.calls == 5
+    assert sw.summary().stages["step/forward"].device.calls == 4
 
 
 def test_bounded_queue_drains_with_one_synchronize_when_full(clock: FakeClock) -> None:
@@ -91,7 +91,7 @@ def test_bounded_queue_drains_with_one_synchronize_when_full(clock: FakeClock) -
     sw._device.max_pending = 9  # 3 measurements per step: full every 3 steps
     train(sw, device, clock, 12, load_ns=0, fwd=100 * MS, bwd=100 * MS)
     assert device.calls["synchronize"] == 4
-    assert sw.summary().stages["step/backward"].device.calls == 12
+    assert sw.summary().stages["step/backward"].device.calls == 11
 
 
 def test_nested_peak_memory(clock: FakeClock) -> None:
@@ -134,9 +134,9 @@ def test_out_of_memory_is_recorded_then_propagates(clock: FakeClock) -> None:
                 raise error
     assert raised.value is error
     (event,) = sw.summary().out_of_memory
-    assert (event.phase, event.stage, event.allocated) == ("train", "step/forward", 3000)
+    assert (event.phase, event.stage, event.allocated) == ("train", "first_step/forward", 3000)
     assert event.message == "CUDA out of memory. Tried to allocate 2.00 GiB"
-    assert "out of memory in train:step/forward" in sw.report()
+    assert "out of memory in train:first_step/forward" in sw.report()
 
 
 def test_sync_mode_synchronizes_at_boundaries_and_says_so(clock: FakeClock) -> None:
@@ -192,8 +192,8 @@ def test_device_figures_survive_save_load_and_resume(clock: FakeClock, tmp_path:
     resumed.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=True))
     train(resumed, device2, clock, 4, load_ns=MS, fwd=2 * MS, bwd=3 * MS)
     summary = resumed.summary()
-    assert summary.stages["step/forward"].device.calls == 8
-    assert summary.main_phase.device.steps == 8
+    assert summary.stages["step/forward"].device.calls == 6  # 3 + 3: each epoch's first step apart
+    assert summary.main_phase.device.steps == 6
     assert summary.metadata["devices"] == ["fake:0 Test Accelerator"]
 
 
@@ -218,6 +218,6 @@ def test_a_failing_device_does_not_cost_the_cpu_figures(clock: FakeClock, tmp_pa
     device.synchronize = broken  # type: ignore[method-assign]
     sw.save(tmp_path / "run.json")
     loaded = stepwatch.load(tmp_path / "run.json")
-    assert loaded.stages["step/forward"].calls == 5  # wall times kept
+    assert loaded.stages["step/forward"].calls == 4  # wall times kept
     assert loaded.stages["step/forward"].device is None  # device times were pending: dropped
     assert "device failed" in stepwatch.render(loaded) and "device-side assert" in stepwatch.render(loaded)

@@ -67,13 +67,15 @@ def test_loop_breakdown_means_and_shares() -> None:
         backwards.append(took)
     summary = sw.summary()
     stages = summary.stages
-    assert [stages[p].calls for p in ("step", "step/forward", "step/backward")] == [30] * 3
-    assert (stages["first_batch"].calls, stages["loader"].calls) == (1, 29)  # the first wait is a one-off
+    assert [stages[p].calls for p in ("step", "step/forward", "step/backward")] == [29] * 3
+    # the first step of the epoch is a one-off, wait and body: reported apart
+    assert [stages[p].calls for p in ("first_batch", "first_step", "first_step/forward")] == [1, 1, 1]
+    assert stages["loader"].calls == 29 and summary.main_phase.steps == 29
     assert_measures(stages["loader"], waits[1:])
-    assert_measures(stages["step/forward"], forwards)
-    assert_measures(stages["step/backward"], backwards)
-    steps = [f + b for f, b in zip(forwards, backwards, strict=True)]
-    assert sum(steps) <= stages["step"].total < sum(steps) + 30 * 3 * OVERHEAD_S
+    assert_measures(stages["step/forward"], forwards[1:])
+    assert_measures(stages["step/backward"], backwards[1:])
+    steps = [f + b for f, b in zip(forwards[1:], backwards[1:], strict=True)]
+    assert sum(steps) <= stages["step"].total < sum(steps) + 29 * 3 * OVERHEAD_S
     true_loader_share = sum(waits[1:]) / (sum(waits[1:]) + sum(steps))
     assert summary.share("loader") == pytest.approx(true_loader_share, abs=0.02)
     assert summary.share("step/backward") == pytest.approx(sum(backwards) / (sum(waits[1:]) + sum(steps)), abs=0.02)
@@ -204,7 +206,7 @@ def test_default_instance_module_functions() -> None:
     summary = stepwatch.summary()
     assert summary.stages["a"].calls == 1
     assert summary.stages["loader"].calls + summary.stages["first_batch"].calls == 3
-    assert summary.main_phase.counters["samples"] == 6
+    assert summary.main_phase.counters["samples"] == 4  # the first step's count is apart, like its time
     assert "loader" in stepwatch.report()
     stepwatch.disable()
     stepwatch.reset()
@@ -261,8 +263,9 @@ def test_final_stop_iteration_is_not_a_wait(clock: FakeClock) -> None:
     stages = sw.summary().stages
     assert stages["loader"].calls == 2 and stages["loader"].total_ns == 200
     assert stages["first_batch"].calls == 1 and stages["first_batch"].total_ns == 100
-    assert stages["step"].calls == 3 and stages["step"].total_ns == 30
-    assert sw.summary().main_phase.steps == 3
+    assert stages["step"].calls == 2 and stages["step"].total_ns == 20
+    assert stages["first_step"].calls == 1 and stages["first_step"].total_ns == 10
+    assert sw.summary().main_phase.steps == 2
 
 
 def test_break_records_partial_body_and_closes_iterator(clock: FakeClock) -> None:
@@ -273,8 +276,8 @@ def test_break_records_partial_body_and_closes_iterator(clock: FakeClock) -> Non
         if i == 2:
             break
     assert source.closed
-    assert sw.summary().stages["step"].calls == 3
-    assert sw.summary().stages["step"].total_ns == 15
+    assert sw.summary().stages["step"].calls == 2  # steps 1 and 2 (step 2 left by break); step 0 apart
+    assert sw.summary().stages["step"].total_ns == 10
 
 
 def test_exception_in_body_records_partial_body_and_closes_iterator(clock: FakeClock) -> None:
@@ -290,7 +293,8 @@ def test_exception_in_body_records_partial_body_and_closes_iterator(clock: FakeC
     with pytest.raises(KeyError):
         run()
     assert source.closed
-    assert sw.summary().stages["step"].calls == 2
+    assert sw.summary().stages["step"].calls == 1
+    assert sw.summary().stages["first_step"].calls == 1
 
 
 def test_return_from_body_closes_iterator(clock: FakeClock) -> None:
@@ -305,7 +309,7 @@ def test_return_from_body_closes_iterator(clock: FakeClock) -> None:
 
     assert first() == 0
     assert source.closed
-    assert sw.summary().stages["step"].total_ns == 5
+    assert sw.summary().stages["first_step"].total_ns == 5  # the only step: the epoch's first
 
 
 def test_error_from_the_data_propagates_and_keeps_the_wait(clock: FakeClock) -> None:
@@ -331,9 +335,9 @@ def test_nested_loop_nests_under_the_step(clock: FakeClock) -> None:
         for _ in sw.timed_iter(range(3), stage="micro_loader", body="micro"):
             clock.advance(1)
     stages = sw.summary().stages
-    assert stages["step/micro"].calls == 6
-    assert stages["step/micro_loader"].calls == 6
-    assert sw.summary().main_phase.steps == 2
+    assert stages["step/micro"].calls == 3 and stages["first_step/micro"].calls == 3
+    assert stages["step/micro_loader"].calls == 3  # an inner loop has no first step of its own
+    assert sw.summary().main_phase.steps == 1
 
 
 # -- phases, accumulation, counters -----------------------------------------------------------------------
@@ -353,9 +357,9 @@ def test_train_and_val_are_reported_apart(clock: FakeClock) -> None:
     summary = sw.summary()
     assert list(summary.phases) == ["train", "val"]
     train, val = summary.phases["train"], summary.phases["val"]
-    assert train.stages["step/forward"].calls == 8 and train.stages["step/forward"].mean == 10e-9
-    assert val.stages["step/forward"].calls == 4 and val.stages["step/forward"].mean == 3e-9
-    assert train.counters == {"samples": 64} and val.counters == {"samples": 64}
+    assert train.stages["step/forward"].calls == 6 and train.stages["step/forward"].mean == 10e-9
+    assert val.stages["step/forward"].calls == 2 and val.stages["step/forward"].mean == 3e-9
+    assert train.counters == {"samples": 48} and val.counters == {"samples": 32}  # first steps apart
     assert dict(summary.stages) == dict(train.stages)
     text = sw.report()
     assert "· train ·" in text and "· val ·" in text
@@ -372,17 +376,17 @@ def test_gradient_accumulation_optimizer_row_is_per_call(clock: FakeClock) -> No
     stages = sw.summary().stages
     assert stages["step/optimizer"].calls == 3
     assert stages["step/optimizer"].mean == pytest.approx(100e-9)
-    assert stages["step"].calls == 12
+    assert stages["step"].calls == 11 and stages["first_step"].calls == 1
 
 
 def test_throughput_is_total_units_over_total_loop_time(clock: FakeClock) -> None:
     sw = enabled(clock=clock)
-    sizes = [10, 30, 20]
-    durations = [1_000_000, 4_000_000, 5_000_000]  # per-step rates would average to a different number
+    sizes = [99, 10, 30, 20]
+    durations = [9_000_000, 1_000_000, 4_000_000, 5_000_000]  # per-step rates would average differently
     for size, ns in zip(sw.timed_iter(sizes), durations, strict=True):
         clock.advance(ns)
         sw.count(samples=size, tokens=size * 100)
-    throughput = sw.summary().throughput
+    throughput = sw.summary().throughput  # the first step (99 in 9 ms) is a one-off, counts and time alike
     assert throughput["samples"] == pytest.approx(60 / 0.010)
     assert throughput["tokens"] == pytest.approx(6000 / 0.010)
 
@@ -401,8 +405,9 @@ def measured_steps(sw: Stopwatch, clock: FakeClock, n: int, epoch: int = 0) -> l
     """Runs one epoch of n steps, step i lasting epoch*1000 + i ns, and returns which steps were recorded."""
     for i in sw.timed_iter(range(n)):
         clock.advance(epoch * 1000 + i)
-    step = sw.summary().stages.get("step")
-    return [ns - epoch * 1000 for ns in (step.recent_ns if step else ()) if 0 <= ns - epoch * 1000 < 1000]
+    stages = sw.summary().stages
+    recent = [ns for path in ("first_step", "step") if path in stages for ns in stages[path].recent_ns]
+    return sorted(ns - epoch * 1000 for ns in recent if 0 <= ns - epoch * 1000 < 1000)
 
 
 def test_warmup_skips_first_steps_of_each_iterator(clock: FakeClock) -> None:
@@ -483,7 +488,7 @@ def test_block_spanning_the_end_of_the_window_is_recorded_and_leaves_no_trace(cl
     stages = sw.summary().stages
     assert "step/unmeasured" not in stages
     assert stages["epoch"].calls == 1
-    assert stages["step/forward"].calls == 2  # the loop roots its stages at the phase
+    assert stages["step/forward"].calls + stages["first_step/forward"].calls == 2  # rooted at the phase
     sw.schedule = type(sw.schedule)()  # measure again, from the top level
     sw._in_window = True
     sw._update_flags()
@@ -574,7 +579,7 @@ def test_largest_window_works_in_a_loop() -> None:
     for _ in sw.timed_iter(range(3)):
         with sw.timed("x"):
             pass
-    assert sw.summary().stages["step/x"].calls == 3
+    assert sw.summary().stages["step/x"].calls == 2
 
 
 @pytest.mark.parametrize("value", [1e308, 10**400, -1e308], ids=["float", "huge int", "negative"])

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._summary import OTHER
-from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FOLD, MAX_STAGES, OVERFLOW
+from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OVERFLOW
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -184,5 +184,5 @@ def check_name(name: object, what: str) -> None:
         raise ValueError(f"{what} name {name!r} must not contain control characters (newlines, tabs)")
     if name in _RESERVED:
         raise ValueError(f"{what} name {name!r} is reserved for {_RESERVED[name]}")
-    if name == FIRST_BATCH and what != "phase":
-        raise ValueError(f"{what} name {FIRST_BATCH!r} is reserved for the first wait of each epoch")
+    if name in (FIRST_BATCH, FIRST_STEP) and what != "phase":
+        raise ValueError(f"{what} name {name!r} is reserved for the first step of each epoch")

@@ -20,7 +20,7 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._device import _Loop
-from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FOLD, LOOP, Frame, Phase, pop_frame
+from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, pop_frame
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -123,6 +123,7 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
         wait_node = parent.children.get(stage) or sw._add_child(parent, stage)
         body_node = parent.children.get(body) or sw._add_child(parent, body)
         first_node = parent.children.get(FIRST_BATCH) or sw._add_child(parent, FIRST_BATCH)
+        first_body_node = parent.children.get(FIRST_STEP) or sw._add_child(parent, FIRST_STEP)
         schedule = sw.schedule
         warmup, measure_all = schedule.warmup, schedule.active is None
         iterator = iter(iterable)
@@ -135,7 +136,7 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
                 local, stack = sw._local, sw._thread_stack()
             if body_frame is not None:
                 frame, body_frame = body_frame, None
-                close_frame(sw, stack, frame, now, loop_phase, device_loop)
+                end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
             if device is not None:
                 device.poll()
             if outer:
@@ -166,14 +167,16 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
                 frame, wait_frame = wait_frame, None
                 if sw._local is not local:
                     local, stack = sw._local, sw._thread_stack()
+                first = frame[1] is first_node
                 close_frame(sw, stack, frame, ready, loop_phase if frame[1] is wait_node else None)
-                if loop_phase is not None:
-                    loop_phase.steps += 1
+                node = first_body_node if first else body_node
+                if first and loop_phase is not None:
+                    loop_phase.in_first_step = True
                 if device is None:
-                    body_frame = (LOOP, body_node, ready)
+                    body_frame = (LOOP, node, ready)
                 else:
                     start, allocated, reserved = device.begin(body, stack[-1])
-                    body_frame = [LOOP, body_node, ready, start, allocated, reserved]
+                    body_frame = [LOOP, node, ready, start, allocated, reserved]
                 stack.append(body_frame)
             yield item
     finally:
@@ -182,7 +185,7 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
         if wait_frame is not None:  # an exception in next()
             close_frame(sw, stack, wait_frame, end, loop_phase if wait_frame[1] is wait_node else None)
         if body_frame is not None:  # a body left early: break, return or an exception
-            close_frame(sw, stack, body_frame, end, loop_phase, device_loop)
+            end_step(sw, stack, body_frame, end, loop_phase, device_loop, first_body_node)
         if device_loop is not None and device is not None:
             device.loop_finished(device_loop)
         if root_frame is not None:
@@ -199,11 +202,31 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
             close()
 
 
+def end_step(
+    sw: Stopwatch,
+    stack: list[Any],
+    frame: Any,
+    end: int,
+    phase: Phase | None,
+    loop: _Loop | None,
+    first_body_node: Any,
+) -> None:
+    """Closes a step's body; a step recorded in the steady state is counted (the first step of an epoch, a
+    one-off, is recorded apart and counts neither in the loop's time nor in its steps)."""
+    if frame[1] is first_body_node:
+        if phase is not None:
+            phase.in_first_step = False
+        close_frame(sw, stack, frame, end, None, None)
+    elif close_frame(sw, stack, frame, end, phase, loop) and phase is not None:
+        phase.steps += 1
+
+
 def close_frame(
     sw: Stopwatch, stack: list[Any], frame: Any, end: int | None, phase: Phase | None, loop: _Loop | None = None
-) -> None:
+) -> bool:
     """Records an open frame of a timed iterator (``end=None``: removes it unrecorded); ``phase`` gets the time
-    when the loop owns it. A frame dropped meanwhile (``disable()``, ``reset()``) is removed unrecorded."""
+    when the loop owns it. A frame dropped meanwhile (``disable()``, ``reset()``) is removed unrecorded.
+    Returns whether it was recorded."""
     if stack[-1] is frame:
         del stack[-1]
     elif not pop_frame(stack, frame):
@@ -211,9 +234,9 @@ def close_frame(
             if stack[position][0] is LOOP and stack[position][1] is DROPPED:
                 del stack[position:]
                 break
-        return
+        return False
     if end is None:
-        return
+        return False
     elapsed = end - frame[2]
     node = frame[1]
     node.buf.append(elapsed)
@@ -223,3 +246,4 @@ def close_frame(
         sw._device.end(frame, stack[-1], node, loop)
     if phase is not None:
         phase.loop_ns += elapsed
+    return True

@@ -344,6 +344,8 @@ class Stopwatch:
             return
         name = local.get("phase", DEFAULT_PHASE)
         phase = self._phases.get(name) or self._phase(name)
+        if phase.in_first_step:  # the one-off first step: its time is apart, so are its counts
+            return
         counters = phase.counters
         with self._count_lock:
             for unit, value in units.items():

@@ -66,6 +66,8 @@ def _render_phase(phase: PhaseSummary) -> str:
     title = f"stepwatch · {phase.name} · {phase.steps} steps · {phase.measured:.3f} s measured"
     if rates:
         title += f" · {rates}"
+    elif phase.counters and not phase.loop_ns:
+        title += f" · {', '.join(phase.counters)} counted, no rate: without a timed loop the span is unknown"
     with_device = any(stage.device is not None or stage.peak_allocated is not None for stage in phase.stages.values())
     header = _HEADER + _DEVICE_HEADER if with_device else _HEADER
     rows = [header] + [_row(phase, stage, with_device) for stage in phase.stages.values()]

@@ -22,6 +22,8 @@ from ._stats import RunningStats, percentile, pick_optional, variance_ns2
 NS_PER_S = 1e9
 OTHER = "other"
 """Name of the synthetic child that holds the part of a parent stage no nested block covers."""
+ONE_OFF = ("first_batch", "first_step")
+"""The first step of each epoch (its wait and its body), recorded apart from the loop's steady state."""
 
 
 @dataclass(frozen=True)
@@ -303,10 +305,10 @@ class PhaseSummary:
 
     @property
     def measured_ns(self) -> int:
-        """Denominator of shares and throughput: the loop's loader+step time, else the top-level stages."""
+        """Denominator of shares: the loop's loader+step time, else the top-level stages (one-offs apart)."""
         if self.loop_ns:
             return self.loop_ns
-        return sum(s.total_ns for s in self.stages.values() if "/" not in s.path)
+        return sum(s.total_ns for s in self.stages.values() if "/" not in s.path and s.path not in ONE_OFF)
 
     @property
     def measured(self) -> float:
@@ -318,6 +320,8 @@ class PhaseSummary:
         A stage measured inside DataLoader workers ran beside that time, so its share is of the workers'
         busy time instead."""
         stage = self.stages[path]
+        if path.split("/", 1)[0] in ONE_OFF:
+            return math.nan  # outside the steady state's 100%
         if stage.in_workers:
             busy = sum(worker.busy_ns for worker in self.workers.values())
             return stage.total_ns / busy if busy else math.nan
@@ -325,8 +329,9 @@ class PhaseSummary:
 
     @property
     def throughput(self) -> Mapping[str, float]:
-        """Units per second: each counter's total over the measured loader+step time."""
-        seconds = self.measured
+        """Units per second: each counter's total over the measured loader+step time. Without a timed loop
+        the span that the counts cover is unknown (blocks need not cover it), so there is none."""
+        seconds = self.loop_ns / NS_PER_S
         if not seconds:
             return MappingProxyType({})
         return MappingProxyType({unit: value / seconds for unit, value in self.counters.items()})

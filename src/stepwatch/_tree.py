@@ -22,6 +22,9 @@ FOLD = 1024
 DEFAULT_PHASE = "train"
 FIRST_BATCH = "first_batch"
 """Where the wait for the first item of each epoch goes, apart from the steady-state ``loader`` wait."""
+FIRST_STEP = "first_step"
+"""Where the body of the first step of each epoch goes: the whole first step (wait, body and counts) is a
+one-off, reported apart from the steady state."""
 OVERFLOW = "(overflow)"
 """The row that collects the stages past :data:`MAX_STAGES` distinct ones."""
 MAX_STAGES = 10_000
@@ -104,6 +107,7 @@ class Phase:
         "device_caught_up",
         "device_idle_ns",
         "device_steps",
+        "in_first_step",
         "loop_ns",
         "name",
         "root",
@@ -130,6 +134,7 @@ class Phase:
         self.device_steps = 0
         self.device_caught_up = 0
         self.workers = {}
+        self.in_first_step = False  # counts made now belong to the one-off first step: not counted
 
 
 class WorkerTotals:
