@@ -64,3 +64,27 @@ def test_report_mid_step_counts_agree(clock: FakeClock) -> None:
             phase = sw.summary().main_phase
             assert phase.steps == phase.stages["step"].calls == 9  # steps 1..9 are done, 10 is under way
             assert f"{phase.steps} steps" in sw.report()
+
+
+def test_a_validation_loop_inside_a_training_step_is_not_charged_to_it(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    with sw.timed("epoch"):
+        for k, _ in enumerate(sw.timed_iter(waits(clock, 40, 7 * MS))):
+            with sw.timed("forward"):
+                clock.advance(3 * MS)
+            if k % 10 == 9:  # as Lightning and the HF Trainer do: evaluate every N steps, inside the epoch
+                with sw.timed("evaluate"):
+                    for _ in sw.timed_iter(waits(clock, 5, 4 * MS), phase="val"):
+                        with sw.timed("forward"):
+                            clock.advance(2 * MS)
+    summary = sw.summary()
+    train, val = summary.phases["train"], summary.phases["val"]
+    assert train.stages["step"].mean == pytest.approx(0.003)  # the val loops are not in the step
+    assert train.stages["step/evaluate"].total == pytest.approx(0.0)
+    assert train.measured == pytest.approx(39 * 0.010)
+    assert train.share("loader") == pytest.approx(0.7)
+    assert summary.verdict.label == "highly input-bound"
+    assert summary.stages["epoch"].total == pytest.approx(40 * 0.010)  # the epoch block without the 4 val loops
+    assert val.steps == 4 * 4 and val.stages["step/forward"].mean == pytest.approx(0.002)
+    assert val.measured == pytest.approx(16 * 0.006)

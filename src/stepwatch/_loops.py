@@ -114,6 +114,7 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
         _check_enclosing(sw, site)
     sites = sw._loop_sites.setdefault(threading.get_ident(), [])
     sites.append(site)
+    loop_started = clock()
     try:
         if own_phase:
             root_frame = (None, phase.root, 0)
@@ -189,6 +190,8 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
         if device_loop is not None and device is not None:
             device.loop_finished(device_loop)
         if root_frame is not None:
+            if not outer and phase.name != previous_phase:
+                exclude_from_enclosing(stack, root_frame, end - loop_started)
             pop_frame(stack, root_frame)
             sw._local.phase = previous_phase
         if outer:  # between loops, blocks are measured while the schedule still has steps to measure
@@ -221,6 +224,22 @@ def end_step(
         phase.steps += 1
 
 
+def exclude_from_enclosing(stack: list[Any], root_frame: Any, excluded_ns: int) -> None:
+    """A loop of another phase (validation every N training steps) ran inside the blocks below its root on
+    this stack: it is reported in its own phase, so its time is taken out of each of them, by moving their
+    start later. Nothing happens if the root is no longer on the stack (the loop was abandoned and closed
+    later)."""
+    position = next((i for i in range(len(stack) - 1, 0, -1) if stack[i] is root_frame), 0)
+    for index in range(1, position):
+        frame = stack[index]
+        if frame[0] is None or frame[1] is DROPPED:
+            continue
+        if type(frame) is list:  # a device frame, changed in place
+            frame[2] += excluded_ns
+        else:
+            stack[index] = (frame[0], frame[1], frame[2] + excluded_ns)
+
+
 def close_frame(
     sw: Stopwatch, stack: list[Any], frame: Any, end: int | None, phase: Phase | None, loop: _Loop | None = None
 ) -> bool:
@@ -229,15 +248,24 @@ def close_frame(
     Returns whether it was recorded."""
     if stack[-1] is frame:
         del stack[-1]
-    elif not pop_frame(stack, frame):
-        for position in range(len(stack) - 1, 0, -1):  # its stand-in after a switch
-            if stack[position][0] is LOOP and stack[position][1] is DROPPED:
+        start = frame[2]
+    else:
+        for position in range(len(stack) - 1, 0, -1):
+            candidate = stack[position]
+            # itself, or itself with a later start (see exclude_from_enclosing): the same loop node
+            if candidate is frame or (candidate[0] is LOOP and candidate[1] is frame[1]):
+                start = candidate[2]
                 del stack[position:]
                 break
-        return False
+        else:
+            for position in range(len(stack) - 1, 0, -1):  # its stand-in after a switch
+                if stack[position][0] is LOOP and stack[position][1] is DROPPED:
+                    del stack[position:]
+                    break
+            return False
     if end is None:
         return False
-    elapsed = end - frame[2]
+    elapsed = end - start
     node = frame[1]
     node.buf.append(elapsed)
     if len(node.buf) >= FOLD:
