@@ -155,3 +155,29 @@ def test_demo_refuses_bad_values_in_one_line(arguments: list[str], capsys: pytes
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "out of range" in err and "Traceback" not in err
+
+
+def test_export_csv_is_a_real_format(saved: Path, tmp_path: Path) -> None:
+    import csv
+
+    out = tmp_path / "steps.csv"
+    assert main(["export", str(saved), "-o", str(out)]) == 0
+    rows = list(csv.reader(out.open()))
+    tsv = tmp_path / "steps.tsv"
+    assert main(["export", str(saved), "-o", str(tsv)]) == 0
+    assert rows == [line.split("\t") for line in tsv.read_text().splitlines()]
+    assert rows[0][:2] == ["train:loader", "train:step"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [(["-o", "steps.xlsx"], "cannot tell the format"), (["-o", "steps.tsv", "--format", "json"], "does not match")],
+)
+def test_export_unknown_or_mismatched_extension_is_an_error(
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    arguments = [str(tmp_path / a) if a.startswith("steps.") else a for a in arguments]
+    assert main(["export", str(saved), *arguments]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not list(tmp_path.glob("steps.*"))

@@ -72,7 +72,7 @@ load = load_summary
 
 
 def render(run: Summary, format: str = "text") -> str:
-    """Render a summary in one of the registered formats: ``text``, ``tsv`` (per measurement) or ``json``."""
+    """Render a summary in one of the registered formats: ``text``, ``csv`` or ``tsv`` (per measurement), ``json``."""
     try:
         renderer = FORMATS[format]
     except KeyError:

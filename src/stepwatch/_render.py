@@ -6,6 +6,8 @@ extension both use it.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,20 +175,31 @@ def render_comparison(comparison: Comparison, before_name: str = "before", after
     return "\n".join(lines) + "\n"
 
 
-def render_tsv(summary: Summary) -> str:
-    """Per-measurement export: a row per measurement (the k-th most recent kept of each stage, oldest first),
-    a column per ``phase:stage`` path, durations in seconds; empty where a stage has fewer measurements."""
+def _measurement_rows(summary: Summary) -> list[list[str]]:
+    """A header of ``phase:stage`` paths, then a row per measurement (the k-th most recent kept of each stage,
+    oldest first), durations in seconds; empty where a stage has fewer measurements."""
     columns: list[tuple[str, tuple[int, ...]]] = []
     for phase in summary.phases.values():
         columns.extend(
             (f"{phase.name}:{stage.path}", stage.recent_ns) for stage in phase.stages.values() if stage.spread
         )
     length = max((len(values) for _, values in columns), default=0)
-    lines = ["\t".join(name for name, _ in columns)]
+    rows = [[name for name, _ in columns]]
     for index in range(length):
-        cells = [f"{values[index] * 1e-9:.9f}" if index < len(values) else "" for _, values in columns]
-        lines.append("\t".join(cells))
-    return "\n".join(lines) + "\n"
+        rows.append([f"{values[index] * 1e-9:.9f}" if index < len(values) else "" for _, values in columns])
+    return rows
+
+
+def render_tsv(summary: Summary) -> str:
+    """Per-measurement export, tab-separated (see :func:`_measurement_rows`)."""
+    return "\n".join("\t".join(row) for row in _measurement_rows(summary)) + "\n"
+
+
+def render_csv(summary: Summary) -> str:
+    """Per-measurement export as CSV (RFC 4180 quoting), the same rows and columns as the TSV."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(_measurement_rows(summary))
+    return buffer.getvalue()
 
 
 def render_json(summary: Summary) -> str:
@@ -208,6 +221,7 @@ FORMATS: dict[str, Format] = {
     for format in (
         Format("text", render_text, (".txt",), "the report table"),
         Format("tsv", render_tsv, (".tsv",), "one row per measurement, one column per stage"),
+        Format("csv", render_csv, (".csv",), "the same as tsv, comma-separated"),
         Format("json", render_json, (".json",), "the saved-run file"),
     )
 }

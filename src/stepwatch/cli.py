@@ -111,8 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(FORMATS["text"].render(summary))
         return 0
     chosen = FORMATS[args.format] if args.format else None
-    if chosen is None and args.output:
-        chosen = format_for_path(args.output)
+    if args.output:
+        guessed = format_for_path(args.output)
+        if chosen is None and guessed is None:
+            known = ", ".join(ext for format in FORMATS.values() for ext in format.extensions)
+            print(f"stepwatch: cannot tell the format of {args.output} ({known}): give --format", file=sys.stderr)
+            return 2
+        if chosen is not None and guessed is not None and guessed is not chosen:
+            print(f"stepwatch: --format {chosen.name} does not match {args.output}", file=sys.stderr)
+            return 2
+        chosen = chosen or guessed
     text = (chosen or FORMATS["text"]).render(summary)
     if args.output:
         try:
