@@ -181,3 +181,31 @@ def test_export_unknown_or_mismatched_extension_is_an_error(
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not list(tmp_path.glob("steps.*"))
+
+
+def loop_run(tmp_path: Path, clock: FakeClock, name: str, phases: dict[str, int]) -> Path:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    for phase, step_ns in phases.items():
+        for _ in sw.timed_iter(range(4), phase=phase):
+            clock.advance(step_ns)
+    path = tmp_path / name
+    sw.save(path)
+    return path
+
+
+def test_compare_goes_phase_by_phase_and_names_them(
+    tmp_path: Path, clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train_only = loop_run(tmp_path, clock, "train.json", {"train": 2_000_000})
+    val_only = loop_run(tmp_path, clock, "val.json", {"val": 1_000_000})
+    for gate in ([], ["--fail-if-slower", "5"]):
+        assert main(["compare", str(train_only), str(val_only), *gate]) == 2  # never val against train
+        err = capsys.readouterr().err
+        assert "nothing to compare" in err and "val" in err and "train" in err
+    both_a = loop_run(tmp_path, clock, "a.json", {"train": 2_000_000, "val": 1_000_000})
+    both_b = loop_run(tmp_path, clock, "b.json", {"train": 2_000_000, "val": 3_000_000})
+    assert main(["compare", str(both_a), str(both_b), "--fail-if-slower", "5"]) == 0  # train is the gate
+    out = capsys.readouterr().out
+    assert "(phase train, per call)" in out and "(phase val, per call)" in out
+    assert "+200.0%" in out.split("(phase val")[1]  # the val step tripled, shown in its own table

@@ -253,13 +253,15 @@ class StageChange:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Two runs side by side, main phase: per stage ms/call, the time per step, throughput and verdicts."""
+    """Two runs side by side, one phase (the same in both): per stage ms/call, the time per step, throughput,
+    and the verdicts when the phase is each run's main phase."""
 
     stages: tuple[StageChange, ...]
     step: StageChange
     """Loop time per step (data wait + step), the figure a training run's speed comes down to."""
     throughput: Mapping[str, tuple[float | None, float | None]]
-    verdicts: tuple[Verdict, Verdict]
+    verdicts: tuple[Verdict, Verdict] | None
+    phase: str = "train"
 
     def slower_than(self, percent: float, names: Sequence[str] = ()) -> list[str]:
         """What got slower by more than ``percent``: the step time, and each stage in ``names`` (a path like
@@ -275,14 +277,26 @@ class Comparison:
         return failures
 
 
-def compare(before: Summary, after: Summary) -> Comparison:
-    a, b = before.main_phase, after.main_phase
+def common_phases(before: Summary, after: Summary) -> list[str]:
+    """The phases both runs measured, the main one (``train``) first: compared like with like."""
+    names = [name for name in before.phases if name in after.phases]
+    return sorted(names, key=lambda name: name != "train")
+
+
+def compare(before: Summary, after: Summary, phase: str | None = None) -> Comparison:
+    """``phase`` of both runs (default: the first of :func:`common_phases`, else each run's main phase)."""
+    if phase is None:
+        common = common_phases(before, after)
+        phase = common[0] if common else before.main_phase.name
+    empty = PhaseSummary(phase, {}, {}, 0, 0)
+    a, b = before.phases.get(phase, empty), after.phases.get(phase, empty)
     paths = list(a.stages) + [p for p in b.stages if p not in a.stages]
     changes = tuple(StageChange(path, _mean(a, path), _mean(b, path)) for path in paths)
     step = StageChange("time per step", _per_step(a), _per_step(b))
     units = list(a.throughput) + [u for u in b.throughput if u not in a.throughput]
     throughput = {unit: (a.throughput.get(unit), b.throughput.get(unit)) for unit in units}
-    return Comparison(changes, step, throughput, (analyze(before), analyze(after)))
+    main = phase == before.main_phase.name == after.main_phase.name
+    return Comparison(changes, step, throughput, (analyze(before), analyze(after)) if main else None, phase)
 
 
 def _mean(phase: PhaseSummary, path: str) -> float | None:

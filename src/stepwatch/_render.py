@@ -156,7 +156,7 @@ def render_comparison(comparison: Comparison, before_name: str = "before", after
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [f"stepwatch compare: {before_name} -> {after_name} (main phase, per call)"]
+    lines = [f"stepwatch compare: {before_name} -> {after_name} (phase {comparison.phase}, per call)"]
     for row in rows:
         cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:-1], widths[1:-1], strict=True)]
         lines.append(("  ".join(cells) + "  " + row[-1]).rstrip())
@@ -165,6 +165,8 @@ def render_comparison(comparison: Comparison, before_name: str = "before", after
             lines.append(f"{unit}/s: {_rate(before)} -> {_rate(after)} ({(after / before - 1) * 100:+.1f}%)")
         else:
             lines.append(f"{unit}/s: {_rate(before) if before else '-'} -> {_rate(after) if after else '-'}")
+    if comparison.verdicts is None:
+        return "\n".join(lines) + "\n"
     first, second = comparison.verdicts
     if first.label == second.label:
         lines.append(f"verdict: {second.label} in both")

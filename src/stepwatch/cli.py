@@ -7,7 +7,7 @@ import math
 import sys
 from collections.abc import Sequence
 
-from ._analysis import compare
+from ._analysis import common_phases, compare
 from ._render import FORMATS, format_for_path, render_comparison
 from ._saved import FormatError, load_summary
 from ._summary import Summary
@@ -69,21 +69,33 @@ def _compare(args: argparse.Namespace) -> int:
     before, after = _load(args.before), _load(args.after)
     if before is None or after is None:
         return 2
-    comparison = compare(before, after)
-    known = {change.path for change in comparison.stages}
+    phases = common_phases(before, after)
+    if not phases:
+        print(
+            f"stepwatch: nothing to compare: {args.before} has phases {', '.join(before.phases) or 'none'},"
+            f" {args.after} has {', '.join(after.phases) or 'none'}",
+            file=sys.stderr,
+        )
+        return 2
+    comparisons = [compare(before, after, phase) for phase in phases]
+    known = {change.path for comparison in comparisons for change in comparison.stages}
     unknown = [name for name in args.stage if not any(p == name or p.endswith(f"/{name}") for p in known)]
     if unknown:
         print(f"stepwatch: no stage named {', '.join(unknown)} in either run", file=sys.stderr)
         return 2
-    sys.stdout.write(render_comparison(comparison, args.before, args.after))
+    sys.stdout.write("\n".join(render_comparison(c, args.before, args.after) for c in comparisons))
     if gate is None:
         return 0
-    pairs = ((args.before, comparison.step.before), (args.after, comparison.step.after))
+    gated = comparisons[0]  # the main phase in common (train when both have it)
+    pairs = ((args.before, gated.step.before), (args.after, gated.step.after))
     empty = [name for name, per_step in pairs if per_step is None]
     if empty:
-        print(f"stepwatch: nothing to compare: {' and '.join(empty)} measured no steps", file=sys.stderr)
+        print(
+            f"stepwatch: nothing to compare: {' and '.join(empty)} measured no steps in phase {gated.phase}",
+            file=sys.stderr,
+        )
         return 2
-    failures = comparison.slower_than(gate, args.stage)
+    failures = [f"{gated.phase}: {failure}" for failure in gated.slower_than(gate, args.stage)]
     if failures:
         print(f"stepwatch: slower by more than {gate:g}%: {'; '.join(failures)}", file=sys.stderr)
         return 1
