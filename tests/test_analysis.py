@@ -24,9 +24,17 @@ from .fake_device import FakeDevice
 MS = 1_000_000
 
 
-def on_cores(summary: Summary, cores: int) -> Summary:
-    """The same figures as seen on a machine with ``cores`` cores (the advice depends on it)."""
-    return dataclasses.replace(summary, metadata={**summary.metadata, "cpu_count": cores})
+def on_cores(summary: Summary, cores: int, gpu: bool = False) -> Summary:
+    """The same figures as seen on a machine with ``cores`` cores, training on a GPU or on the CPU only (the
+    advice depends on both)."""
+    devices = ["cuda:0 Test GPU"] if gpu else ["cpu x86_64"]
+    return dataclasses.replace(summary, metadata={**summary.metadata, "cpu_count": cores, "devices": devices})
+
+
+def with_loader(summary: Summary, **config: object) -> Summary:
+    """The same figures from a loader configured with ``config``."""
+    loaders = {"train": {**(summary.metadata.get("loaders") or {}).get("train", {}), **config}}
+    return dataclasses.replace(summary, metadata={**summary.metadata, "loaders": loaders})
 
 
 def slow_data(clock: FakeClock, steps: int, wait: int) -> Iterator[int]:
@@ -59,8 +67,19 @@ def test_input_bound_on_cpu(clock: FakeClock) -> None:
 
 def test_worker_advice_respects_the_cores(clock: FakeClock) -> None:
     sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
-    advice = " ".join(analyze(on_cores(sw.summary(), 2)).advice)
-    assert "num_workers=1" in advice and "5 workers would keep up" in advice and "2 cores" in advice
+    (advice, *_) = analyze(on_cores(sw.summary(), 2, gpu=True)).advice
+    assert advice.startswith("use DataLoader(num_workers=1) (now 0), the most this 2-core machine can spare")
+    assert "hiding the wait fully would take 5" in advice  # one recommendation, and why it is not 5
+
+
+def test_on_the_cpu_workers_compete_with_torch_threads(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
+    summary = with_loader(on_cores(sw.summary(), 2), torch_threads=2)
+    (advice, *_) = analyze(summary).advice
+    assert advice.startswith("try num_workers=1 (now 0) with torch.set_num_threads(1): on the CPU, workers share")
+    assert "keep it only if `stepwatch compare` shows a shorter time per step" in advice
+    (advice, *_) = analyze(with_loader(summary, torch_threads=1)).advice
+    assert advice.startswith("try num_workers=1 (now 0): on the CPU, workers share the 2 cores with torch's 1")
 
 
 def test_moderately_input_bound(clock: FakeClock) -> None:
@@ -146,7 +165,7 @@ def test_worker_estimate_on_a_controlled_pipeline() -> None:
     loader = DataLoader(SlowSamples(), batch_size=4, num_workers=1, multiprocessing_context="fork")
     for _ in sw.watch(loader):
         spin(0.009)  # each batch costs a worker ~20 ms; the step 9 ms: 3 workers keep up
-    summary = on_cores(sw.summary(), 16)
+    summary = on_cores(sw.summary(), 16, gpu=True)
     verdict = analyze(summary)
     assert verdict.kind == "input-bound"
     # The truths are lower bounds (a preempted busy-wait runs long): a batch costs a worker at least 20 ms.
@@ -154,7 +173,7 @@ def test_worker_estimate_on_a_controlled_pipeline() -> None:
     assert busy >= 4 * 0.005
     needed = math.ceil(busy / summary.stages["step"].mean)  # what was measured, not the nominal 20/9
     assert verdict.figures["workers_needed"] == needed >= 2
-    assert any(f"use num_workers={needed} (now 1)" in advice for advice in verdict.advice), verdict.advice
+    assert any(f"use DataLoader(num_workers={needed}) (now 1)" in advice for advice in verdict.advice), verdict.advice
     assert any("loader/dataset" in advice for advice in verdict.advice)
 
 
@@ -266,3 +285,62 @@ def test_demo_runs_and_prints_verdicts(tmp_path: Path) -> None:
     assert first.verdict.kind == "input-bound"
     assert first.stages["loader/dataset/augment"].calls > 0
     assert sum(w.batches for w in second.main_phase.workers.values()) > 0
+
+
+# -- advice from the loader's configuration; verdicts that do not hinge on names ---------------------------------
+
+
+def test_the_loader_configuration_is_recorded() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    loader = DataLoader(range(8), batch_size=4, num_workers=1, persistent_workers=True, prefetch_factor=3)
+    for _ in sw.watch(loader):
+        pass
+    config = sw.summary().metadata["loaders"]["train"]
+    assert config["num_workers"] == 1 and config["batch_size"] == 4 and config["prefetch_factor"] == 3
+    assert config["persistent_workers"] is True and config["pin_memory"] is False
+    assert config["dataset"] == "map" and config["start_method"] and config["cpu_count"]
+    assert isinstance(config["torch_threads"], int)
+
+
+def test_never_advise_fewer_workers_than_configured(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
+    many_cores = analyze(with_loader(on_cores(sw.summary(), 16, gpu=True), num_workers=2))
+    assert many_cores.figures["workers_needed"] == 12  # 2 workers give a batch per 12 ms; the step takes 2
+    assert "use DataLoader(num_workers=12) (now 2)" in many_cores.advice[0]
+    few_cores = analyze(with_loader(on_cores(sw.summary(), 2, gpu=True), num_workers=2))
+    assert "no core to spare beyond the 2 it runs: make the pipeline cheaper" in few_cores.advice[0]
+    assert not any("num_workers=1" in advice for advice in few_cores.advice)
+
+
+def test_never_advise_what_is_already_set() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    loader = DataLoader(range(16), batch_size=4, num_workers=2, worker_init_fn=slow_start)
+    for _ in range(2):
+        for _ in sw.watch(loader):
+            spin(0.01)
+    summary = sw.summary()
+    assert any("persistent_workers=True" in advice for advice in summary.verdict.advice)
+    assert not any("persistent_workers" in a for a in analyze(with_loader(summary, persistent_workers=True)).advice)
+
+
+@pytest.mark.parametrize("stages", [{"training_step": 50 * MS}, {}], ids=["one block", "no blocks"])
+def test_the_verdict_does_not_hinge_on_stage_names(clock: FakeClock, stages: dict[str, int]) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    for _ in sw.timed_iter(slow_data(clock, 10, MS // 2)):
+        for name, ns in stages.items():
+            with sw.timed(name):
+                clock.advance(ns)
+        clock.advance(0 if stages else 50 * MS)
+    verdict = sw.summary().verdict
+    assert verdict.kind == "compute-bound", verdict.headline
+    assert verdict.figures["compute_share"] == pytest.approx(50 / 50.5)
+
+
+def test_named_other_work_is_taken_out_of_the_computation(clock: FakeClock) -> None:
+    sw = cpu_loop(clock, 20, MS // 10, {"forward": 2 * MS, "h2d": 3 * MS, "logging": 6 * MS})
+    verdict = sw.summary().verdict
+    assert verdict.kind == "balanced" and "step/logging" in verdict.headline
+    assert verdict.figures["compute_share"] == pytest.approx(2 / 11.1, abs=1e-3)

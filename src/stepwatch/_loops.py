@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._device import _Loop
 from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, pop_frame
+from ._workers import loader_config
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -93,8 +94,11 @@ def is_outermost(stack: list[Any]) -> bool:
     return not any(frame[0] is None for frame in stack[1:])
 
 
-def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_name: str | None) -> Iterator[T]:
-    """The generator behind :meth:`Stopwatch.timed_iter`."""
+def iterate(
+    sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_name: str | None, source: Any = None
+) -> Iterator[T]:
+    """The generator behind :meth:`Stopwatch.timed_iter`; ``source``, when it is a DataLoader, has its
+    configuration recorded for the phase (the advice depends on it)."""
     clock = sw._clock
     stack = sw._thread_stack()
     local = sw._local  # replaced by a switch: then the stack is read again
@@ -115,6 +119,10 @@ def iterate(sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_n
     sites = sw._loop_sites.setdefault(threading.get_ident(), [])
     sites.append(site)
     loop_started = clock()
+    if own_phase:
+        config = loader_config(iterable if source is None else source)
+        if config is not None:
+            sw._loader_configs[phase.name] = config
     try:
         if own_phase:
             root_frame = (None, phase.root, 0)

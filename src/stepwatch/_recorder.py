@@ -110,7 +110,10 @@ class Stopwatch:
         self._stacks: dict[int, list[Frame]] = {}  # thread id -> its stack
         self._before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
         self._local = threading.local()
-        self._loop_sites: dict[int, list[LoopSite]] = {}  # thread id -> its open timed iterators, innermost last
+        self._loop_sites: dict[int, list[LoopSite]] = {}
+        self._loader_configs: dict[
+            str, dict[str, Any]
+        ] = {}  # phase -> its DataLoader's configuration  # thread id -> its open timed iterators, innermost last
         self._worker_nodes: dict[tuple[Node, str], Node] = {}  # (loader node, worker path) -> node
         self._node_count = 0
         self._dropped_blocks = 0

@@ -15,7 +15,9 @@ With ``num_workers=0`` everything runs in the main process and is recorded direc
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -208,6 +210,36 @@ class TimedTransform(Generic[T]):
         return f"timed_transform({self.fn!r}, {self.name!r})"
 
 
+def loader_config(loader: Any) -> dict[str, Any] | None:
+    """What the advice depends on, read off a DataLoader (None for anything else): workers, batch size,
+    prefetching, persistence, pinning, the dataset's kind, the start method, torch's compute threads and the
+    machine's cores."""
+    if not all(hasattr(loader, name) for name in ("num_workers", "collate_fn", "dataset")):
+        return None
+    import multiprocessing
+
+    workers = getattr(loader, "num_workers", 0)
+    context = getattr(loader, "multiprocessing_context", None)
+    method = getattr(context, "_name", None) or (context if isinstance(context, str) else None)
+    torch = sys.modules.get("torch")
+    iterable = type(getattr(loader, "dataset", None)).__mro__
+    return {
+        "num_workers": workers if isinstance(workers, int) else None,
+        "batch_size": getattr(loader, "batch_size", None)
+        if isinstance(getattr(loader, "batch_size", None), int)
+        else None,
+        "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "dataset": "iterable" if any(cls.__name__ == "IterableDataset" for cls in iterable) else "map",
+        "start_method": (method or multiprocessing.get_start_method(allow_none=True) or "default") if workers else None,
+        "torch_threads": int(torch.get_num_threads())
+        if torch is not None and hasattr(torch, "get_num_threads")
+        else None,
+        "cpu_count": os.cpu_count(),
+    }
+
+
 class Unwrapping:
     """Set as a watched DataLoader's ``_get_iterator``: every iterator it makes hands out plain batches,
     whoever iterates the loader (a ``watch()`` loop, the loader used directly, a library, after ``disable()``),
@@ -220,6 +252,11 @@ class Unwrapping:
         iterator = loader.__dict__.get("_iterator")
         if iterator is not None:  # persistent workers started before watch()
             self.wrap(iterator)
+            logging.getLogger("stepwatch").warning(
+                "stepwatch: this DataLoader's persistent workers started before watch(), so what they do cannot"
+                " be seen (no dataset, collate or per-worker rows) until they restart; call watch() before the"
+                " loader is first iterated"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         return {"loader": self.loader, "receiver": None}
@@ -292,7 +329,11 @@ class WatchedLoader(Generic[T]):
         self._collate.enabled = self._init.enabled = enabled
         if not enabled:
             return self._plain()
-        return self.stopwatch.timed_iter(self._unwrapped(), self.stage, self.body, self.phase)
+        from ._loops import iterate
+        from ._recorder import check_loop_names
+
+        check_loop_names(self.stage, self.body, self.phase)
+        return iterate(self.stopwatch, self._unwrapped(), self.stage, self.body, self.phase, source=self.loader)
 
     def _plain(self) -> Iterator[T]:
         """Stopwatch off: the loader's own batches (unwrapped by :class:`Unwrapping`)."""
