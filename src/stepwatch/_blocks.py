@@ -186,3 +186,12 @@ def check_name(name: object, what: str) -> None:
         raise ValueError(f"{what} name {name!r} is reserved for {_RESERVED[name]}")
     if name in (FIRST_BATCH, FIRST_STEP) and what != "phase":
         raise ValueError(f"{what} name {name!r} is reserved for the first step of each epoch")
+
+
+def check_loop_names(stage: object, body: object, phase: object) -> None:
+    check_name(stage, "stage")
+    check_name(body, "body")
+    if stage == body:
+        raise ValueError(f"stage and body must differ: both are {stage!r}")
+    if phase is not None:
+        check_name(phase, "phase")

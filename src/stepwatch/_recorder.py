@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 import os
 import sys
 import threading
@@ -20,16 +19,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from ._blocks import Block, Blocks, check_name
+from ._blocks import Block, Blocks, check_loop_names, check_name
 from ._device import DeviceTimer
 from ._loops import LoopSite, iterate
-from ._schedule import Schedule, check_steps, check_window
+from ._schedule import Schedule, as_count, check_steps, check_window, out_path
+from ._stacks import ThreadStacks
 from ._stats import DEFAULT_WINDOW, Partial
 from ._summary import DeviceLoad, PhaseSummary, StageStats, Summary
 from ._tree import (
     DEFAULT_PHASE,
     DROPPED,
-    LOOP,
     MAX_STAGES,
     OVERFLOW,
     Frame,
@@ -37,7 +36,6 @@ from ._tree import (
     Phase,
     WorkerTotals,
     collect,
-    dropped_copy,
     fold,
     take_from,
 )
@@ -46,13 +44,11 @@ from ._workers import WatchedLoader, WorkerReport
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
 
-DROPPING = 0
-"""The value of ``Stopwatch._measuring`` when switched off after having been on (see ``_update_flags``)."""
 COUNTER_LIMIT = sys.float_info.max
 """Counters saturate here, so that what was counted can always be saved and reported."""
 
 
-class Stopwatch:
+class Stopwatch(ThreadStacks):
     """Records where a training loop's time goes.
 
     Args:
@@ -145,7 +141,7 @@ class Stopwatch:
                 schedule.active if active is None else active,
                 schedule.every if every is None else every,
             )
-        path = None if out is None else _out_path(out)
+        path = None if out is None else out_path(out)
         with self._lock:
             self.schedule = schedule
             if self._device is None and self._device_spec is not None:
@@ -212,81 +208,6 @@ class Stopwatch:
         self._in_window = True
         self._update_flags()
 
-    def _drop_open_frames(self) -> None:
-        """Hands every thread a fresh stack (under the lock); see the module's docstring."""
-        # every stack, even one with nothing open: its thread may be pushing onto it right now
-        self._before_switch.update(self._stacks)
-        self._stacks = {}
-        self._local = threading.local()
-
-    def _thread_stack(self) -> list[Frame]:
-        """This thread's stack of open frames, made on first use (and after a switch)."""
-        local = self._local
-        stack: list[Frame] | None = local.__dict__.get("stack")
-        if stack is None:
-            with self._lock:
-                local = self._local
-                ident = threading.get_ident()
-                before = self._before_switch.pop(ident, None)
-                if before is None:
-                    stack = [(None, self._phase(DEFAULT_PHASE).root, 0)]
-                else:
-                    stack = [dropped_copy(frame) for frame in before]
-                    roots = [self._phase_of_root.get(frame[1]) for frame in stack[1:] if frame[0] is None]
-                    if roots and roots[-1] is not None:
-                        local.phase = roots[-1]
-                local.stack = stack
-                self._stacks[ident] = stack
-        return stack
-
-    def _update_flags(self) -> None:
-        """``_measuring``: True, blocks open frames; :data:`DROPPING` (switched off after having been on),
-        blocks open dropped frames, so that their children never show as top-level rows if it is switched on
-        again while they are open; False (never on, or outside the measured window), blocks do nothing.
-        DROPPING is falsy but not False: a block that reads ``_measuring`` twice while another thread switches
-        it on sees True or DROPPING the second time, never False, so it always leaves a frame. ``_hot``: blocks
-        look for their frame on the way out, needed while a block opened in the window (or dropped) is still
-        open; otherwise leaving a block costs what it costs when the stopwatch has never been on."""
-        if self._enabled:
-            self._measuring = self._in_window
-        else:
-            self._measuring = DROPPING if self._was_enabled else False
-        self._hot = self._measuring is not False or self._blocks_open()
-
-    def _blocks_open(self) -> bool:
-        """Whether any thread has a timed block open (checked only when the measured window closes)."""
-        if self._before_switch:
-            alive = {thread.ident for thread in threading.enumerate()}
-            for ident in [ident for ident in self._before_switch if ident not in alive]:
-                del self._before_switch[ident]
-        stacks = [*self._stacks.values(), *self._before_switch.values()]
-        return any(frame[0] is not None and frame[0] is not LOOP for stack in stacks for frame in stack)
-
-    def _track(self, block: Block) -> None:
-        """Switched off after having been on: the block opens a dropped frame (see :meth:`_update_flags`)."""
-        try:
-            stack = self._local.stack
-        except AttributeError:
-            stack = self._thread_stack()
-        stack.append((block, DROPPED, 0))
-
-    def _unwind(self, stack: list[Any], owner: Block) -> None:
-        """A block's frame is not on top of its stack on the way out: if it is further down, the frames above
-        it were opened while it was open but outlive it (asyncio tasks interleaving on one thread). Their
-        nesting is wrong, so the block's measurement and theirs are dropped and counted in the summary; the
-        hierarchy of what follows stays intact."""
-        with self._lock:
-            for position in range(len(stack) - 1, 0, -1):
-                if stack[position][0] is owner:
-                    break
-            else:
-                return  # opened outside the measured window
-            above = stack[position + 1 :]
-            self._dropped_blocks += sum(1 for frame in [stack[position], *above] if frame[1] is not DROPPED)
-            stack[position:] = [dropped_copy(frame) for frame in above]
-            if not self._measuring:
-                self._update_flags()
-
     # -- recording ---------------------------------------------------------------------------------------
 
     def timed(self, stage: str) -> Block:
@@ -334,7 +255,7 @@ class Stopwatch:
         """
         for value in units.values():
             if type(value) is not int and not (type(value) is float and math.isfinite(value)):
-                units = {unit: _as_count(unit, value) for unit, value in units.items()}
+                units = {unit: as_count(unit, value) for unit, value in units.items()}
                 break
         if not self._measuring:
             return
@@ -520,41 +441,3 @@ class Stopwatch:
         from ._state import load_state_dict
 
         load_state_dict(self, state)
-
-
-def check_loop_names(stage: object, body: object, phase: object) -> None:
-    check_name(stage, "stage")
-    check_name(body, "body")
-    if stage == body:
-        raise ValueError(f"stage and body must differ: both are {stage!r}")
-    if phase is not None:
-        check_name(phase, "phase")
-
-
-def _as_count(unit: str, value: object) -> int | float:
-    """A count as a Python number: ints, finite floats, numpy and 0-d torch scalars; TypeError otherwise."""
-    dtype = getattr(value, "dtype", None)
-    if isinstance(value, (bool, str, bytes)) or value is None or "bool" in str(dtype):
-        raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except Exception:
-        pass
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except Exception:
-        raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}")
-    return number
-
-
-def _out_path(out: str | os.PathLike[str]) -> str:
-    """An autosave path, resolved now (``~`` expanded; relative to the current folder, before any chdir)."""
-    try:
-        path = os.fspath(out)
-    except TypeError:
-        raise ValueError(f"out must be a path, got {out!r}") from None
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"out must be a non-empty path, got {out!r}")
-    return os.path.abspath(os.path.expanduser(path))

@@ -6,6 +6,9 @@ value that would only fail later, inside the training loop, fails at once with a
 
 from __future__ import annotations
 
+import math
+import operator
+import os
 from dataclasses import dataclass
 
 MAX_WINDOW = 1_000_000
@@ -54,3 +57,32 @@ class Schedule:
         if self.every is None:
             return position < self.active
         return position % self.every < self.active
+
+
+def as_count(unit: str, value: object) -> int | float:
+    """A count as a Python number: ints, finite floats, numpy and 0-d torch scalars; TypeError otherwise."""
+    dtype = getattr(value, "dtype", None)
+    if isinstance(value, (bool, str, bytes)) or value is None or "bool" in str(dtype):
+        raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except Exception:
+        pass
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except Exception:
+        raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise TypeError(f"count({unit}=...) needs a finite number, got {value!r}")
+    return number
+
+
+def out_path(out: str | os.PathLike[str]) -> str:
+    """An autosave path, resolved now (``~`` expanded; relative to the current folder, before any chdir)."""
+    try:
+        path = os.fspath(out)
+    except TypeError:
+        raise ValueError(f"out must be a path, got {out!r}") from None
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"out must be a non-empty path, got {out!r}")
+    return os.path.abspath(os.path.expanduser(path))

@@ -329,8 +329,8 @@ class WatchedLoader(Generic[T]):
         self._collate.enabled = self._init.enabled = enabled
         if not enabled:
             return self._plain()
+        from ._blocks import check_loop_names
         from ._loops import iterate
-        from ._recorder import check_loop_names
 
         check_loop_names(self.stage, self.body, self.phase)
         return iterate(self.stopwatch, self._unwrapped(), self.stage, self.body, self.phase, source=self.loader)
