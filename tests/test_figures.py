@@ -88,3 +88,27 @@ def test_a_validation_loop_inside_a_training_step_is_not_charged_to_it(clock: Fa
     assert summary.stages["epoch"].total == pytest.approx(40 * 0.010)  # the epoch block without the 4 val loops
     assert val.steps == 4 * 4 and val.stages["step/forward"].mean == pytest.approx(0.002)
     assert val.measured == pytest.approx(16 * 0.006)
+
+
+def test_warmup_applies_to_training_not_to_a_short_validation(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock, warmup=5)
+    sw.enable()
+    for _ in range(2):
+        for _ in sw.timed_iter(waits(clock, 10, MS)):
+            clock.advance(MS)
+        for _ in sw.timed_iter(waits(clock, 4, MS), phase="val"):  # 4 batches, fewer than the warm-up
+            clock.advance(MS)
+    summary = sw.summary()
+    assert summary.phases["train"].steps == 2 * 5  # 5 warm-up steps skipped in each epoch
+    assert summary.phases["val"].steps == 2 * 3  # all measured (the first of each run reported apart)
+    assert summary.phases["val"].stages["first_step"].calls == 2
+
+
+def test_warmup_applies_to_the_first_phase_of_a_run_without_train(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock, warmup=2)
+    sw.enable()
+    for _ in sw.timed_iter(waits(clock, 6, MS), phase="pretrain"):
+        clock.advance(MS)
+    for _ in sw.timed_iter(waits(clock, 3, MS), phase="val"):
+        clock.advance(MS)
+    assert sw.summary().phases["pretrain"].steps == 4 and sw.summary().phases["val"].steps == 2

@@ -76,9 +76,17 @@ def test_loop_breakdown_means_and_shares() -> None:
     assert_measures(stages["step/backward"], backwards[1:])
     steps = [f + b for f, b in zip(forwards[1:], backwards[1:], strict=True)]
     assert sum(steps) <= stages["step"].total < sum(steps) + 29 * 3 * OVERHEAD_S
-    true_loader_share = sum(waits[1:]) / (sum(waits[1:]) + sum(steps))
-    assert summary.share("loader") == pytest.approx(true_loader_share, abs=0.02)
-    assert summary.share("step/backward") == pytest.approx(sum(backwards) / (sum(waits[1:]) + sum(steps)), abs=0.02)
+    # Shares against the truth: never below what the workloads took over the loop as measured, never above
+    # what they took plus the timer's slack over what the whole loop's workloads took (a preemption outside
+    # the busy-waits can only lengthen the loop).
+    loop_s = summary.main_phase.measured
+    truth_s = sum(waits[1:]) + sum(steps)
+    for share, truths, calls in (
+        (summary.share("loader"), waits[1:], 29),
+        (summary.share("step/backward"), backwards[1:], 29),
+    ):
+        assert sum(truths) / loop_s <= share <= (sum(truths) + calls * OVERHEAD_S) / truth_s
+    assert summary.share("step/backward") == pytest.approx(sum(backwards[1:]) / truth_s, abs=0.05)
     assert summary.share("loader") + summary.share("step") == pytest.approx(1.0, abs=1e-12)
 
 

@@ -292,3 +292,19 @@ def test_single_process_loader_iterated_directly_records_nothing() -> None:
 def test_watch_needs_a_dataloader(thing: Any) -> None:
     with pytest.raises(TypeError, match=r"watch\(\) needs a torch.utils.data.DataLoader.*timed_iter"):
         Stopwatch().watch(thing)
+
+
+def test_persistent_workers_after_a_caught_exception_count_only_batches_received(sw: Stopwatch) -> None:
+    loader = make_loader(
+        "fork", dataset=BusyDataset(size=16, fail_at=5), num_workers=1, persistent_workers=True, prefetch_factor=1
+    )
+    received = 0
+    for _ in range(3):  # each epoch fails at sample 5; the loop catches it and starts the next epoch
+        try:
+            for batch in sw.watch(loader):
+                received += len(batch["name"])
+        except ValueError:
+            pass
+    assert received == 3 * 4  # batch 0 of each epoch
+    assert calls(sw, "dataset") == received  # not the samples of the batch that failed
+    assert calls(sw, "collate") == 3

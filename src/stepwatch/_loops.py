@@ -73,6 +73,14 @@ def _loop_end(code: CodeType, offset: int) -> int | None:
     return None
 
 
+def _is_main(sw: Stopwatch, phase: str) -> bool:
+    """Whether ``phase`` is the run's main phase, the one warm-up applies to: ``train``, or in a run without
+    it, the first phase that ran a loop. Evaluation loops are measured from their first step."""
+    looped = sw._looped_phases
+    looped.setdefault(phase, None)
+    return phase == (DEFAULT_PHASE if DEFAULT_PHASE in looped else next(iter(looped)))
+
+
 def _check_enclosing(sw: Stopwatch, site: LoopSite) -> None:
     """A loop starts inside another's open step: say so once if that other loop was in fact abandoned."""
     sites = sw._loop_sites.get(threading.get_ident())
@@ -134,7 +142,8 @@ def iterate(
         first_node = parent.children.get(FIRST_BATCH) or sw._add_child(parent, FIRST_BATCH)
         first_body_node = parent.children.get(FIRST_STEP) or sw._add_child(parent, FIRST_STEP)
         schedule = sw.schedule
-        warmup, measure_all = schedule.warmup, schedule.active is None
+        measure_all = schedule.active is None
+        warmup = schedule.warmup if outer and _is_main(sw, phase.name) else 0
         iterator = iter(iterable)
         index = 0
         while True:

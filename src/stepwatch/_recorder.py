@@ -106,10 +106,9 @@ class Stopwatch(ThreadStacks):
         self._stacks: dict[int, list[Frame]] = {}  # thread id -> its stack
         self._before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
         self._local = threading.local()
-        self._loop_sites: dict[int, list[LoopSite]] = {}
-        self._loader_configs: dict[
-            str, dict[str, Any]
-        ] = {}  # phase -> its DataLoader's configuration  # thread id -> its open timed iterators, innermost last
+        self._loop_sites: dict[int, list[LoopSite]] = {}  # thread id -> its open timed iterators, innermost last
+        self._loader_configs: dict[str, dict[str, Any]] = {}  # phase -> its DataLoader's configuration
+        self._looped_phases: dict[str, None] = {}  # phases that ran an outermost loop, in order
         self._worker_nodes: dict[tuple[Node, str], Node] = {}  # (loader node, worker path) -> node
         self._node_count = 0
         self._dropped_blocks = 0
