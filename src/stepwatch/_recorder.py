@@ -283,6 +283,14 @@ class Stopwatch(ThreadStacks):
 
     # -- workers -----------------------------------------------------------------------------------------
 
+    def _consuming_interval(self) -> list[int]:
+        """A watch() loop starts consuming its loader now, in the current thread's phase: [start, end]."""
+        self._thread_stack()
+        phase = self._phase(self._local.__dict__.get("phase", DEFAULT_PHASE))
+        interval = [time.perf_counter_ns(), 0]
+        phase.consuming.append(interval)
+        return interval
+
     def _take(self) -> dict[str, Partial]:
         """In a worker: hands over every measurement recorded since the last call, and forgets it."""
         taken: dict[str, Partial] = {}
@@ -388,7 +396,10 @@ class Stopwatch(ThreadStacks):
                         DeviceLoad(
                             phase.device_busy_ns, phase.device_idle_ns, phase.device_steps, phase.device_caught_up
                         ),
-                        {worker_id: totals.stats(worker_id) for worker_id, totals in sorted(phase.workers.items())},
+                        {
+                            worker_id: totals.stats(worker_id, phase.consuming, time.perf_counter_ns())
+                            for worker_id, totals in sorted(phase.workers.items())
+                        },
                     )
             ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
             return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(self), ooms)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ._analysis import Comparison, Verdict, analyze
 from ._summary import PhaseSummary, StageStats, Summary
@@ -32,7 +33,8 @@ def render_text(summary: Summary) -> str:
     """The five-second report: a section per phase, a row per stage, children indented under parents."""
     if not summary.phases:
         return "stepwatch: nothing recorded (is it enabled? set STEPWATCH=1 or call stepwatch.enable())\n"
-    sections = [_render_phase(phase) for phase in summary.phases.values()]
+    loaders = summary.metadata.get("loaders") or {}
+    sections = [_render_phase(phase, loaders.get(phase.name) or {}) for phase in summary.phases.values()]
     sections.append(render_verdict(analyze(summary)))
     devices = summary.metadata.get("devices") or []
     footer = f"run: {summary.elapsed:.2f} s wall"
@@ -63,7 +65,7 @@ _HEADER = ("stage", "calls", "total s", "ms/call", "± std", "p50 ms", "p90 ms",
 _DEVICE_HEADER = ("dev ms/call", "peak MiB")
 
 
-def _render_phase(phase: PhaseSummary) -> str:
+def _render_phase(phase: PhaseSummary, loader: Mapping[str, Any]) -> str:
     rates = ", ".join(f"{_rate(value)} {unit}/s" for unit, value in phase.throughput.items())
     title = f"stepwatch · {phase.name} · {phase.steps} steps · {phase.measured:.3f} s measured"
     if rates:
@@ -88,7 +90,7 @@ def _render_phase(phase: PhaseSummary) -> str:
             cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=False)
         ]
         lines.append("  ".join(cells).rstrip())
-    lines.extend(_workers_section(phase))
+    lines.extend(_workers_section(phase, loader.get("num_workers")))
     return "\n".join(lines) + "\n\n"
 
 
@@ -116,10 +118,12 @@ def _percent(fraction: float) -> str:
     return "-" if math.isnan(fraction) else f"{fraction * 100:.1f}"
 
 
-def _workers_section(phase: PhaseSummary) -> list[str]:
+def _workers_section(phase: PhaseSummary, configured: Any) -> list[str]:
     if not phase.workers:
         return []
-    lines = [f"workers ({len(phase.workers)}); [w] rows ran inside them, % of their busy time:"]
+    delivered = len(phase.workers)
+    count = f"{configured} configured, {delivered} delivered batches" if isinstance(configured, int) else delivered
+    lines = [f"workers ({count}); [w] rows ran inside them, % of their busy time:"]
     for worker in phase.workers.values():
         lines.append(
             f"  worker {worker.worker_id}: {worker.batches:,} batches, {_ms(worker.busy_per_batch)} ms busy per batch,"

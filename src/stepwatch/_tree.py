@@ -9,6 +9,7 @@ given, so dropping costs the hot path nothing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -102,6 +103,7 @@ class Phase:
     """Recording state of one phase (``train``, ``val``, ...)."""
 
     __slots__ = (
+        "consuming",
         "counters",
         "device_busy_ns",
         "device_caught_up",
@@ -134,6 +136,12 @@ class Phase:
         self.device_steps = 0
         self.device_caught_up = 0
         self.workers = {}
+        # [start, end] (end 0: still running) of each watch() loop, on CLOCK_MONOTONIC; a running one is kept
+        # (its loop still ends it), counted from now
+        running = [interval for interval in getattr(self, "consuming", []) if interval[1] == 0]
+        for interval in running:
+            interval[0] = time.perf_counter_ns()
+        self.consuming: list[list[int]] = running
         self.in_first_step = False  # counts made now belong to the one-off first step: not counted
 
 
@@ -160,8 +168,13 @@ class WorkerTotals:
         elif ready > span[1]:
             span[1] = ready
 
-    def stats(self, worker_id: int) -> WorkerStats:
-        wall = self.wall_before_ns + sum(last - first for first, last in self.spans.values())
+    def stats(self, worker_id: int, consuming: list[list[int]], now: int) -> WorkerStats:
+        """Its figures; its wall time counts only while a loop consumed its loader (``consuming``), so the time
+        persistent workers sit idle during a validation pass between epochs is not idleness."""
+        wall = self.wall_before_ns
+        for first, last in self.spans.values():
+            for start, end in consuming:
+                wall += max(min(last, end or now) - max(first, start), 0)
         return WorkerStats(worker_id, self.batches, self.busy_ns, wall, self.wait_ns)
 
 

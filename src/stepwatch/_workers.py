@@ -166,6 +166,40 @@ def install_dataset_timing(dataset: Any, stopwatch: Stopwatch | None) -> TimedGe
     return wrapper
 
 
+class _TimedIterable:
+    """Iterates a worker's copy of an IterableDataset, timing each item as ``dataset`` and marking when the
+    worker started on each batch (its first item), as ``__getitems__`` does for map-style datasets."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self.iterator = iterator
+        self.block = _default_stopwatch().timed("dataset")
+
+    def __iter__(self) -> _TimedIterable:
+        return self
+
+    def __next__(self) -> Any:
+        if _state.fetch_started_ns is None:
+            _state.fetch_started_ns = time.perf_counter_ns()
+        with self.block:
+            return next(self.iterator)
+
+
+def _time_iterable(dataset: Any) -> bool:
+    """In a worker: times its copy of an IterableDataset by giving the copy a subclass whose ``__iter__`` wraps
+    the original (the copy is the worker's own; the user's object is untouched). False where it cannot."""
+    from torch.utils.data import IterableDataset
+
+    if not isinstance(dataset, IterableDataset):
+        return False
+    original = type(dataset)
+    timed = type(original.__name__, (original,), {"__iter__": lambda self: _TimedIterable(original.__iter__(self))})
+    try:
+        dataset.__class__ = timed
+    except TypeError:
+        return False
+    return True
+
+
 def remove_dataset_timing(dataset: Any, wrapper: TimedGetItems) -> None:
     if getattr(dataset, "__dict__", {}).get("__getitems__") is wrapper:
         del dataset.__getitems__
@@ -180,16 +214,21 @@ class WorkerInit:
         self.enabled = False
 
     def __call__(self, worker_id: int) -> None:
-        if self.enabled:
-            from torch.utils.data import get_worker_info
+        if not self.enabled:
+            if self.worker_init_fn is not None:
+                self.worker_init_fn(worker_id)
+            return
+        from torch.utils.data import get_worker_info
 
-            _default_stopwatch()._start_in_worker()
-            _state.start(worker_id)
-            info = get_worker_info()
-            if info is not None:
-                install_dataset_timing(info.dataset, None)
-        if self.worker_init_fn is not None:
-            self.worker_init_fn(worker_id)
+        stopwatch = _default_stopwatch()
+        stopwatch._start_in_worker()
+        if self.worker_init_fn is not None:  # start-up: its own row (worker_init [w]), never idle time
+            with stopwatch.timed("worker_init"):
+                self.worker_init_fn(worker_id)
+        _state.start(worker_id)  # busy and idle are counted from here
+        info = get_worker_info()
+        if info is not None and install_dataset_timing(info.dataset, None) is None:
+            _time_iterable(info.dataset)
 
 
 class TimedTransform(Generic[T]):
@@ -344,9 +383,11 @@ class WatchedLoader(Generic[T]):
         wrapper = install_dataset_timing(self.loader.dataset, self.stopwatch) if in_main else None
         self._unwrapping.receiver = self.stopwatch._receive_worker_report
         self._collate.watching = True
+        consuming = self.stopwatch._consuming_interval()  # the workers' utilization counts only this time
         try:
             yield from self.loader
         finally:
+            consuming[1] = time.perf_counter_ns()
             self._unwrapping.receiver = None
             self._collate.watching = False
             if wrapper is not None:
