@@ -340,3 +340,52 @@ def test_utilization_counts_only_while_the_loop_consumes(sw: Stopwatch) -> None:
         time.sleep(0.4)  # a validation pass between epochs: the persistent workers wait, not idle
     for worker in sw.summary().main_phase.workers.values():
         assert worker.utilization > 0.7, worker
+
+
+class Decoding(Dataset[int]):
+    """Each sample runs a timed ``decode`` block: the child whose counts the parent must agree with."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> int:
+        with stepwatch.timed("decode"):
+            spin(0.0005)
+        return index
+
+
+class BatchFetching(Decoding):
+    """Fetches whole batches itself, as Hugging Face ``datasets`` do."""
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        return [self[i] for i in indices]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_split_subsets_are_timed_per_sample(workers: int) -> None:
+    from torch.utils.data import random_split
+
+    stepwatch.enable()
+    try:
+        subset, _ = random_split(Decoding(), [32, 0], generator=torch.Generator().manual_seed(0))
+        options: dict[str, Any] = {"multiprocessing_context": "fork"} if workers else {}
+        loader = DataLoader(subset, batch_size=4, num_workers=workers, **options)
+        batches = list(stepwatch.watch(loader))
+        assert sorted(i for batch in batches for i in batch.tolist()) == list(range(32))
+        assert calls(stepwatch._default, "dataset") == 32  # per sample, as without random_split
+        assert calls(stepwatch._default, "dataset/decode") == 32
+    finally:
+        stepwatch.disable()
+        stepwatch.reset()
+
+
+def test_a_dataset_fetching_batches_itself_is_labelled_per_batch() -> None:
+    stepwatch.enable()
+    try:
+        list(stepwatch.watch(DataLoader(BatchFetching(), batch_size=4, num_workers=2, multiprocessing_context="fork")))
+        assert calls(stepwatch._default, "dataset_batch") == 8  # one per batch, and named so
+        assert calls(stepwatch._default, "dataset_batch/decode") == 32
+        assert "loader/dataset" not in stepwatch.summary().stages
+    finally:
+        stepwatch.disable()
+        stepwatch.reset()

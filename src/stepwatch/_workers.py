@@ -117,9 +117,15 @@ class TimedCollate:
         return Carrier(batch, report)
 
 
+BATCHED = "dataset_batch"
+"""The row of a dataset that fetches whole batches itself (its own ``__getitems__``, as Hugging Face
+``datasets`` do): one call per batch, named apart so that it is never compared with per-sample ``dataset``."""
+
+
 class TimedGetItems:
     """Set as a map-style dataset's ``__getitems__`` (an instance attribute the DataLoader's fetcher looks
-    up): times each sample as ``dataset`` and marks when the worker started on the batch."""
+    up): times each sample as ``dataset`` and marks when the worker started on the batch. A dataset that
+    fetches batches itself is timed per batch, as ``dataset_batch``."""
 
     def __init__(self, dataset: Any, inner: Callable[[Any], Any] | None, stopwatch: Stopwatch | None) -> None:
         self.dataset = dataset
@@ -135,10 +141,10 @@ class TimedGetItems:
             stopwatch = _default_stopwatch()
         else:
             stopwatch = self._stopwatch or _default_stopwatch()
-        block = stopwatch.timed("dataset")
         if self.inner is not None:
-            with block:
+            with stopwatch.timed(BATCHED):
                 return self.inner(indices)
+        block = stopwatch.timed("dataset")
         dataset = self.dataset
         samples = []
         for index in indices:
@@ -158,6 +164,8 @@ def install_dataset_timing(dataset: Any, stopwatch: Stopwatch | None) -> TimedGe
     if isinstance(current, TimedGetItems):
         return current
     inner = getattr(dataset, "__getitems__", None) or None
+    if inner is not None and _per_sample_subset(dataset):
+        inner = None  # Subset's own __getitems__ only indexes its dataset sample by sample: so do we, timed
     wrapper = TimedGetItems(dataset, inner, stopwatch)
     try:
         dataset.__getitems__ = wrapper
@@ -198,6 +206,17 @@ def _time_iterable(dataset: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _per_sample_subset(dataset: Any) -> bool:
+    """A ``Subset`` (from ``random_split``) over a dataset without its own ``__getitems__``: its samples can be
+    read one by one, with the same result as its batch method."""
+    from torch.utils.data import Subset
+
+    if getattr(type(dataset), "__getitems__", None) is not Subset.__getitems__:
+        return False
+    inner = getattr(dataset, "dataset", None)
+    return not callable(getattr(inner, "__getitems__", None)) or _per_sample_subset(inner)
 
 
 def remove_dataset_timing(dataset: Any, wrapper: TimedGetItems) -> None:
