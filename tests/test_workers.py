@@ -389,3 +389,43 @@ def test_a_dataset_fetching_batches_itself_is_labelled_per_batch() -> None:
     finally:
         stepwatch.disable()
         stepwatch.reset()
+
+
+class RoundRobin:
+    """A loader of loaders, like metatrain's CombinedDataLoader: batches from each DataLoader in turn."""
+
+    def __init__(self, *dataloaders: DataLoader[Any]) -> None:
+        self.dataloaders = list(dataloaders)
+
+    def __len__(self) -> int:
+        return sum(len(loader) for loader in self.dataloaders)
+
+    def __iter__(self) -> Any:
+        iterators = [iter(loader) for loader in self.dataloaders]
+        for _ in range(len(self.dataloaders[0])):
+            for iterator in iterators:
+                yield next(iterator)
+
+
+def test_a_loader_of_loaders_is_watched_through_its_loaders(sw: Stopwatch) -> None:
+    first = make_loader("fork", dataset=BusyDataset(size=8))
+    second = make_loader("fork", dataset=BusyDataset(size=8))
+    combined = RoundRobin(first, second)
+    batches = list(sw.watch(combined))
+    assert len(batches) == 4 and all(isinstance(batch, dict) for batch in batches)
+    phase = sw.summary().main_phase
+    assert phase.steps == 3 and phase.stages["loader"].calls == 3  # the outer wait, timed once per step
+    assert calls(sw, "dataset") == 16 and calls(sw, "collate") == 4  # both loaders' workers came back
+    assert sorted(phase.workers) == [0, 1, 1000, 1001]  # worker 0 of each loader kept apart
+    assert "loader 1 worker 0:" in sw.report()
+    assert_same_batches(list(first), plain_batches(make_loader("fork", dataset=BusyDataset(size=8))))
+
+
+def test_loaders_can_be_given(sw: Stopwatch) -> None:
+    inner = make_loader("fork", dataset=BusyDataset(size=8))
+
+    def hidden() -> Any:  # a generator: nothing to find in it
+        yield from inner
+
+    assert len(list(sw.watch(hidden(), loaders=[inner]))) == 2
+    assert calls(sw, "collate") == 2

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._device import _Loop
 from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, pop_frame
-from ._workers import loader_config
+from ._watch import loader_config
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch

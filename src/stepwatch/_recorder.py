@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_loop_names, check_name
@@ -39,7 +39,8 @@ from ._tree import (
     fold,
     take_from,
 )
-from ._workers import WatchedLoader, WorkerReport
+from ._watch import WatchedLoader
+from ._workers import WorkerReport
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
@@ -236,14 +237,24 @@ class Stopwatch(ThreadStacks):
         return iterate(self, iterable, stage, body, phase)
 
     def watch(
-        self, loader: Any, stage: str = "loader", body: str = "step", phase: str | None = None
+        self,
+        loader: Any,
+        stage: str = "loader",
+        body: str = "step",
+        phase: str | None = None,
+        *,
+        loaders: Sequence[Any] | None = None,
     ) -> WatchedLoader[Any]:
         """Iterate a ``torch.utils.data.DataLoader`` like :meth:`timed_iter`, with the data pipeline seen from
         inside: each sample's ``dataset`` read, ``collate`` and every ``stepwatch.timed`` block run in the
         workers come back under ``<stage>/...``, with per-worker figures. The loader is instrumented in place;
-        iterated directly, with or without stepwatch, it yields exactly its own batches."""
+        iterated directly, with or without stepwatch, it yields exactly its own batches.
+
+        ``loader`` may also be an iterable of DataLoaders (a loader of loaders): the DataLoaders among its
+        attributes are found, or given as ``loaders``; the outer wait is timed once, each inner loader's
+        workers are brought back and kept apart."""
         check_loop_names(stage, body, phase)
-        return WatchedLoader(loader, self, stage, body, phase)
+        return WatchedLoader(loader, self, stage, body, phase, loaders)
 
     def count(self, **units: float) -> None:
         """Add to the counters of the current phase, e.g. ``count(samples=32, tokens=4096)``.
@@ -299,8 +310,9 @@ class Stopwatch(ThreadStacks):
                 take_from(phase.root, taken)
         return taken
 
-    def _receive_worker_report(self, report: WorkerReport) -> None:
-        """In the main process: files a batch's worker measurements under the loader stage now waiting."""
+    def _receive_worker_report(self, report: WorkerReport, offset: int = 0) -> None:
+        """In the main process: files a batch's worker measurements under the loader stage now waiting;
+        ``offset`` keeps the workers of several watched loaders apart."""
         if not self._measuring:
             return
         received = time.perf_counter_ns()  # the workers' clock: CLOCK_MONOTONIC, shared by the host
@@ -320,9 +332,10 @@ class Stopwatch(ThreadStacks):
                         node.in_workers = True
                     resolved[(prefix, path)] = node
                 node.stats.absorb(partial)
-            totals = phase.workers.get(report[0])
+            worker_id = report[0] + offset
+            totals = phase.workers.get(worker_id)
             if totals is None:
-                totals = phase.workers[report[0]] = WorkerTotals()
+                totals = phase.workers[worker_id] = WorkerTotals()
             totals.add(report, received)
 
     # -- the tree ----------------------------------------------------------------------------------------

@@ -125,8 +125,10 @@ def _workers_section(phase: PhaseSummary, configured: Any) -> list[str]:
     count = f"{configured} configured, {delivered} delivered batches" if isinstance(configured, int) else delivered
     lines = [f"workers ({count}); [w] rows ran inside them, % of their busy time:"]
     for worker in phase.workers.values():
+        loader, worker_id = divmod(worker.worker_id, 1000)  # several loaders: see _watch.LOADER_STRIDE
+        name = f"loader {loader} worker {worker_id}" if loader else f"worker {worker_id}"
         lines.append(
-            f"  worker {worker.worker_id}: {worker.batches:,} batches, {_ms(worker.busy_per_batch)} ms busy per batch,"
+            f"  {name}: {worker.batches:,} batches, {_ms(worker.busy_per_batch)} ms busy per batch,"
             f" utilization {_percent(worker.utilization)}%, batches waited {_ms(worker.wait_per_batch)} ms ready"
         )
     return lines

@@ -1,23 +1,18 @@
-"""The data pipeline seen from inside: timing in DataLoader workers, brought back with each batch.
+"""The data pipeline seen from inside: what runs in DataLoader worker processes, brought back with each batch.
 
-``Stopwatch.watch(loader)`` instruments a DataLoader in place (its ``collate_fn`` and ``worker_init_fn``, the
-two attributes a DataLoader lets one set after construction) and returns an iterable that times the loop like
-``timed_iter``. Inside each worker process the module-level default stopwatch records every ``timed`` block
-(each sample's ``dataset`` read, transforms wrapped with :func:`timed_transform`, the ``collate``, and the
-user's own blocks); when a batch is collated, the worker's measurements since the previous batch travel with
-that batch, inside a small carrier. The loader's own iterators unwrap it (``Unwrapping`` replaces the loader's
-``_get_iterator``), so whoever iterates the loader gets exactly its batches; the report reaches the stopwatch
-only while a ``watch()`` loop consumes the loader. Nothing depends on a worker exiting cleanly: each batch
-carries its own timings.
+Inside each worker process the module-level default stopwatch records every ``timed`` block (each sample's
+``dataset`` read, transforms wrapped with :func:`timed_transform`, the ``collate``, and the user's own blocks);
+when a batch is collated, the worker's measurements since the previous batch travel with that batch, inside a
+small carrier. The main-process side (``_watch``) unwraps it wherever the loader is iterated and hands the
+report to the stopwatch while a ``watch()`` loop consumes the loader. Nothing depends on a worker exiting
+cleanly: each batch carries its own timings.
 
 With ``num_workers=0`` everything runs in the main process and is recorded directly, nested under the loader.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -266,148 +261,3 @@ class TimedTransform(Generic[T]):
 
     def __repr__(self) -> str:
         return f"timed_transform({self.fn!r}, {self.name!r})"
-
-
-def loader_config(loader: Any) -> dict[str, Any] | None:
-    """What the advice depends on, read off a DataLoader (None for anything else): workers, batch size,
-    prefetching, persistence, pinning, the dataset's kind, the start method, torch's compute threads and the
-    machine's cores."""
-    if not all(hasattr(loader, name) for name in ("num_workers", "collate_fn", "dataset")):
-        return None
-    import multiprocessing
-
-    workers = getattr(loader, "num_workers", 0)
-    context = getattr(loader, "multiprocessing_context", None)
-    method = getattr(context, "_name", None) or (context if isinstance(context, str) else None)
-    torch = sys.modules.get("torch")
-    iterable = type(getattr(loader, "dataset", None)).__mro__
-    return {
-        "num_workers": workers if isinstance(workers, int) else None,
-        "batch_size": getattr(loader, "batch_size", None)
-        if isinstance(getattr(loader, "batch_size", None), int)
-        else None,
-        "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
-        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
-        "pin_memory": bool(getattr(loader, "pin_memory", False)),
-        "dataset": "iterable" if any(cls.__name__ == "IterableDataset" for cls in iterable) else "map",
-        "start_method": (method or multiprocessing.get_start_method(allow_none=True) or "default") if workers else None,
-        "torch_threads": int(torch.get_num_threads())
-        if torch is not None and hasattr(torch, "get_num_threads")
-        else None,
-        "cpu_count": os.cpu_count(),
-    }
-
-
-class Unwrapping:
-    """Set as a watched DataLoader's ``_get_iterator``: every iterator it makes hands out plain batches,
-    whoever iterates the loader (a ``watch()`` loop, the loader used directly, a library, after ``disable()``),
-    since workers started while watched keep wrapping batches in :class:`Carrier`. The reports go to
-    ``receiver`` while a ``watch()`` loop consumes the loader, and are dropped otherwise."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self.receiver: Callable[[WorkerReport], None] | None = None
-        iterator = loader.__dict__.get("_iterator")
-        if iterator is not None:  # persistent workers started before watch()
-            self.wrap(iterator)
-            logging.getLogger("stepwatch").warning(
-                "stepwatch: this DataLoader's persistent workers started before watch(), so what they do cannot"
-                " be seen (no dataset, collate or per-worker rows) until they restart; call watch() before the"
-                " loader is first iterated"
-            )
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"loader": self.loader, "receiver": None}
-
-    def __call__(self) -> Any:
-        return self.wrap(type(self.loader)._get_iterator(self.loader))
-
-    def wrap(self, iterator: Any) -> Any:
-        next_data = iterator._next_data
-
-        def unwrapped_next_data() -> Any:
-            item = next_data()
-            if type(item) is Carrier:
-                receiver = self.receiver
-                if receiver is not None:
-                    receiver(item.report)
-                return item.batch
-            return item
-
-        iterator._next_data = unwrapped_next_data
-        return iterator
-
-
-def _install_unwrapping(loader: Any) -> Unwrapping | None:
-    current = loader.__dict__.get("_get_iterator")
-    if isinstance(current, Unwrapping):
-        return current
-    if not callable(getattr(type(loader), "_get_iterator", None)):
-        return None
-    unwrapping = Unwrapping(loader)
-    loader._get_iterator = unwrapping
-    return unwrapping
-
-
-class WatchedLoader(Generic[T]):
-    """Iterates a DataLoader like ``timed_iter``, bringing back the timings its workers measured. The batches
-    are exactly what the DataLoader yields."""
-
-    def __init__(
-        self, loader: Any, stopwatch: Stopwatch, stage: str = "loader", body: str = "step", phase: str | None = None
-    ) -> None:
-        if not all(hasattr(loader, name) for name in ("collate_fn", "worker_init_fn", "num_workers", "dataset")):
-            raise TypeError(
-                f"watch() needs a torch.utils.data.DataLoader, got {type(loader).__name__}; time any other"
-                " iterable with timed_iter()"
-            )
-        self.loader = loader
-        self.stopwatch = stopwatch
-        self.stage, self.body, self.phase = stage, body, phase
-        unwrapping = _install_unwrapping(loader)
-        if unwrapping is None:
-            raise TypeError(f"watch() cannot instrument {type(loader).__name__}: use timed_iter() instead")
-        self._unwrapping = unwrapping
-        collate = loader.collate_fn
-        if not isinstance(collate, TimedCollate):
-            collate = TimedCollate(collate, stopwatch)
-            loader.collate_fn = collate
-        self._collate = collate
-        init = loader.worker_init_fn
-        if not isinstance(init, WorkerInit):
-            init = WorkerInit(init)
-            loader.worker_init_fn = init
-        self._init = init
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[T]:
-        enabled = self.stopwatch.is_enabled()
-        self._collate.enabled = self._init.enabled = enabled
-        if not enabled:
-            return self._plain()
-        from ._blocks import check_loop_names
-        from ._loops import iterate
-
-        check_loop_names(self.stage, self.body, self.phase)
-        return iterate(self.stopwatch, self._unwrapped(), self.stage, self.body, self.phase, source=self.loader)
-
-    def _plain(self) -> Iterator[T]:
-        """Stopwatch off: the loader's own batches (unwrapped by :class:`Unwrapping`)."""
-        return iter(self.loader)
-
-    def _unwrapped(self) -> Iterator[T]:
-        in_main = self.loader.num_workers == 0
-        wrapper = install_dataset_timing(self.loader.dataset, self.stopwatch) if in_main else None
-        self._unwrapping.receiver = self.stopwatch._receive_worker_report
-        self._collate.watching = True
-        consuming = self.stopwatch._consuming_interval()  # the workers' utilization counts only this time
-        try:
-            yield from self.loader
-        finally:
-            consuming[1] = time.perf_counter_ns()
-            self._unwrapping.receiver = None
-            self._collate.watching = False
-            if wrapper is not None:
-                remove_dataset_timing(self.loader.dataset, wrapper)

@@ -1,0 +1,221 @@
+"""The main-process side of watching DataLoaders: ``watch()``'s iterable, the iterators that unwrap batches,
+and the loader's configuration recorded for the advice.
+
+``Stopwatch.watch(loader)`` instruments each DataLoader in place (its ``collate_fn`` and ``worker_init_fn``,
+the two attributes a DataLoader lets one set after construction, and its ``_get_iterator``) and returns an
+iterable that times the loop like ``timed_iter``. What runs inside the workers is in ``_workers``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._workers import (
+    Carrier,
+    TimedCollate,
+    WorkerInit,
+    WorkerReport,
+    install_dataset_timing,
+    remove_dataset_timing,
+)
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+T = TypeVar("T")
+
+
+def loader_config(loader: Any) -> dict[str, Any] | None:
+    """What the advice depends on, read off a DataLoader (None for anything else): workers, batch size,
+    prefetching, persistence, pinning, the dataset's kind, the start method, torch's compute threads and the
+    machine's cores."""
+    if not all(hasattr(loader, name) for name in ("num_workers", "collate_fn", "dataset")):
+        return None
+    import multiprocessing
+
+    workers = getattr(loader, "num_workers", 0)
+    context = getattr(loader, "multiprocessing_context", None)
+    method = getattr(context, "_name", None) or (context if isinstance(context, str) else None)
+    torch = sys.modules.get("torch")
+    iterable = type(getattr(loader, "dataset", None)).__mro__
+    return {
+        "num_workers": workers if isinstance(workers, int) else None,
+        "batch_size": getattr(loader, "batch_size", None)
+        if isinstance(getattr(loader, "batch_size", None), int)
+        else None,
+        "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "dataset": "iterable" if any(cls.__name__ == "IterableDataset" for cls in iterable) else "map",
+        "start_method": (method or multiprocessing.get_start_method(allow_none=True) or "default") if workers else None,
+        "torch_threads": int(torch.get_num_threads())
+        if torch is not None and hasattr(torch, "get_num_threads")
+        else None,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+class Unwrapping:
+    """Set as a watched DataLoader's ``_get_iterator``: every iterator it makes hands out plain batches,
+    whoever iterates the loader (a ``watch()`` loop, the loader used directly, a library, after ``disable()``),
+    since workers started while watched keep wrapping batches in :class:`Carrier`. The reports go to
+    ``receiver`` while a ``watch()`` loop consumes the loader, and are dropped otherwise."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.receiver: Callable[[WorkerReport], None] | None = None
+        iterator = loader.__dict__.get("_iterator")
+        if iterator is not None:  # persistent workers started before watch()
+            self.wrap(iterator)
+            logging.getLogger("stepwatch").warning(
+                "stepwatch: this DataLoader's persistent workers started before watch(), so what they do cannot"
+                " be seen (no dataset, collate or per-worker rows) until they restart; call watch() before the"
+                " loader is first iterated"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"loader": self.loader, "receiver": None}
+
+    def __call__(self) -> Any:
+        return self.wrap(type(self.loader)._get_iterator(self.loader))
+
+    def wrap(self, iterator: Any) -> Any:
+        next_data = iterator._next_data
+
+        def unwrapped_next_data() -> Any:
+            item = next_data()
+            if type(item) is Carrier:
+                receiver = self.receiver
+                if receiver is not None:
+                    receiver(item.report)
+                return item.batch
+            return item
+
+        iterator._next_data = unwrapped_next_data
+        return iterator
+
+
+def _install_unwrapping(loader: Any) -> Unwrapping | None:
+    current = loader.__dict__.get("_get_iterator")
+    if isinstance(current, Unwrapping):
+        return current
+    if not callable(getattr(type(loader), "_get_iterator", None)):
+        return None
+    unwrapping = Unwrapping(loader)
+    loader._get_iterator = unwrapping
+    return unwrapping
+
+
+class WatchedLoader(Generic[T]):
+    """Iterates a DataLoader, or an iterable of DataLoaders, like ``timed_iter``, bringing back the timings
+    their workers measured. The batches are exactly what the iterable yields."""
+
+    def __init__(
+        self,
+        iterable: Any,
+        stopwatch: Stopwatch,
+        stage: str = "loader",
+        body: str = "step",
+        phase: str | None = None,
+        loaders: Sequence[Any] | None = None,
+    ) -> None:
+        found = list(loaders) if loaders is not None else find_loaders(iterable)
+        if not found or not all(_is_loader(loader) for loader in found):
+            raise TypeError(
+                f"watch() needs a torch.utils.data.DataLoader, or an iterable holding DataLoaders (or given as"
+                f" loaders=[...]), got {type(iterable).__name__}; time any other iterable with timed_iter()"
+            )
+        self.iterable = iterable
+        self.loaders = found
+        self.stopwatch = stopwatch
+        self.stage, self.body, self.phase = stage, body, phase
+        self._parts = [_instrument(loader, stopwatch) for loader in found]
+
+    @property
+    def loader(self) -> Any:
+        """The first (or only) DataLoader watched."""
+        return self.loaders[0]
+
+    def __len__(self) -> int:
+        return len(self.iterable)
+
+    def __iter__(self) -> Iterator[T]:
+        enabled = self.stopwatch.is_enabled()
+        for _, collate, init in self._parts:
+            collate.enabled = init.enabled = enabled
+        if not enabled:
+            return iter(self.iterable)  # the loaders' own batches (unwrapped by Unwrapping)
+        from ._blocks import check_loop_names
+        from ._loops import iterate
+
+        check_loop_names(self.stage, self.body, self.phase)
+        return iterate(self.stopwatch, self._unwrapped(), self.stage, self.body, self.phase, source=self.loader)
+
+    def _unwrapped(self) -> Iterator[T]:
+        wrappers = [
+            (loader.dataset, install_dataset_timing(loader.dataset, self.stopwatch))
+            for loader in self.loaders
+            if loader.num_workers == 0
+        ]
+        receive = self.stopwatch._receive_worker_report
+        several = len(self._parts) > 1
+        for index, (unwrapping, collate, _) in enumerate(self._parts):
+            # workers of different loaders stay apart: loader k's worker w is worker k * 1000 + w
+            unwrapping.receiver = functools.partial(receive, offset=index * LOADER_STRIDE) if several else receive
+            collate.watching = True
+        consuming = self.stopwatch._consuming_interval()  # the workers' utilization counts only this time
+        try:
+            yield from self.iterable
+        finally:
+            consuming[1] = time.perf_counter_ns()
+            for unwrapping, collate, _ in self._parts:
+                unwrapping.receiver = None
+                collate.watching = False
+            for dataset, wrapper in wrappers:
+                if wrapper is not None:
+                    remove_dataset_timing(dataset, wrapper)
+
+
+LOADER_STRIDE = 1000
+"""Worker ids of the k-th of several watched loaders start at k * LOADER_STRIDE."""
+
+
+def _is_loader(candidate: Any) -> bool:
+    return all(hasattr(candidate, name) for name in ("collate_fn", "worker_init_fn", "num_workers", "dataset"))
+
+
+def find_loaders(iterable: Any) -> list[Any]:
+    """The DataLoaders an iterable is or holds: itself, or those among its attributes (also inside a list,
+    tuple or dict attribute), as loaders of loaders keep them (Lightning's ``CombinedLoader``, metatrain's
+    ``CombinedDataLoader``)."""
+    if _is_loader(iterable):
+        return [iterable]
+    found: list[Any] = []
+    for value in getattr(iterable, "__dict__", {}).values():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        for candidate in values:
+            if _is_loader(candidate) and not any(candidate is known for known in found):
+                found.append(candidate)
+    return found
+
+
+def _instrument(loader: Any, stopwatch: Stopwatch) -> tuple[Unwrapping, TimedCollate, WorkerInit]:
+    """Instruments a DataLoader in place (its iterators, ``collate_fn`` and ``worker_init_fn``)."""
+    unwrapping = _install_unwrapping(loader)
+    if unwrapping is None:
+        raise TypeError(f"watch() cannot instrument {type(loader).__name__}: use timed_iter() instead")
+    collate = loader.collate_fn
+    if not isinstance(collate, TimedCollate):
+        collate = TimedCollate(collate, stopwatch)
+        loader.collate_fn = collate
+    init = loader.worker_init_fn
+    if not isinstance(init, WorkerInit):
+        init = WorkerInit(init)
+        loader.worker_init_fn = init
+    return unwrapping, collate, init
