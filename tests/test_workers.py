@@ -201,7 +201,7 @@ def test_single_process_loader_nests_under_the_wait(sw: Stopwatch) -> None:
     stages = sw.summary().stages
     assert calls(sw, "dataset") == 8 and not stages["loader/dataset"].in_workers
     assert calls(sw, "collate") == 2
-    assert_worker_figures_hold(sw, got, augment=False)
+    assert_worker_figures_hold(sw, got)  # timed_transform's blocks reach sw with 0 workers as with N
     parts = stages["loader/dataset"].total + stages["loader/collate"].total + stages["loader/other"].total
     assert parts == pytest.approx(stages["loader"].total)
     assert "__getitems__" not in vars(dataset)  # the dataset is left as it was
@@ -429,3 +429,34 @@ def test_loaders_can_be_given(sw: Stopwatch) -> None:
 
     assert len(list(sw.watch(hidden(), loaders=[inner]))) == 2
     assert calls(sw, "collate") == 2
+
+
+class OwnStopwatchDataset(Dataset[int]):
+    """Blocks on the user's own stopwatch and on the module-level one, inside the dataset."""
+
+    def __init__(self, stopwatch: Stopwatch) -> None:
+        self.stopwatch = stopwatch
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        with self.stopwatch.timed("decode"):
+            spin(0.0002)
+        with stepwatch.timed("normalize"):
+            spin(0.0002)
+        return index
+
+
+def test_the_same_dataset_code_gives_the_same_rows_with_0_or_2_workers() -> None:
+    rows = {}
+    for workers in (0, 2):
+        sw = Stopwatch()
+        sw.enable()
+        options: dict[str, Any] = {"multiprocessing_context": "fork"} if workers else {}
+        list(sw.watch(DataLoader(OwnStopwatchDataset(sw), batch_size=4, num_workers=workers, **options)))
+        stages = sw.summary().stages
+        rows[workers] = {path for path in stages if path.startswith(("loader/dataset", "first_batch/dataset"))}
+        assert calls(sw, "dataset/decode") == 8 and calls(sw, "dataset/normalize") == 8, workers
+    assert rows[0] == rows[2]
+    assert not stepwatch.summary().phases  # the module-level stopwatch, off, recorded nothing of its own

@@ -218,4 +218,5 @@ def _instrument(loader: Any, stopwatch: Stopwatch) -> tuple[Unwrapping, TimedCol
     if not isinstance(init, WorkerInit):
         init = WorkerInit(init)
         loader.worker_init_fn = init
+    init.watcher = stopwatch
     return unwrapping, collate, init

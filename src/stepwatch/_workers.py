@@ -12,6 +12,7 @@ With ``num_workers=0`` everything runs in the main process and is recorded direc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +71,24 @@ class _WorkerState:
 _state = _WorkerState()
 
 
+@contextlib.contextmanager
+def _lending_default(stopwatch: Stopwatch) -> Iterator[None]:
+    """In the main process, while ``stopwatch`` (not the default one) fetches a batch: blocks on the default
+    stopwatch (``stepwatch.timed``, ``timed_transform``) record into ``stopwatch``, as they do in workers, so the
+    same dataset code gives the same rows with 0 or N workers. Only while the default stopwatch is off (it
+    would record nothing), by lending it ``stopwatch``'s state for the fetch."""
+    default = _default_stopwatch()
+    if stopwatch is default or default._enabled:
+        yield
+        return
+    own = default.__dict__
+    default.__dict__ = stopwatch.__dict__
+    try:
+        yield
+    finally:
+        default.__dict__ = own
+
+
 def _default_stopwatch() -> Stopwatch:
     import stepwatch
 
@@ -98,7 +117,7 @@ class TimedCollate:
             if not self.watching:
                 return self.collate_fn(samples)
             stopwatch = self._stopwatch or _default_stopwatch()
-            with stopwatch.timed("collate"):
+            with _lending_default(stopwatch), stopwatch.timed("collate"):
                 return self.collate_fn(samples)
         stopwatch = _default_stopwatch()
         collate_started = time.perf_counter_ns()
@@ -133,9 +152,12 @@ class TimedGetItems:
     def __call__(self, indices: Any) -> Any:
         if _state.active:
             _state.fetch_started_ns = time.perf_counter_ns()
-            stopwatch = _default_stopwatch()
-        else:
-            stopwatch = self._stopwatch or _default_stopwatch()
+            return self._fetch(_default_stopwatch(), indices)
+        stopwatch = self._stopwatch or _default_stopwatch()
+        with _lending_default(stopwatch):
+            return self._fetch(stopwatch, indices)
+
+    def _fetch(self, stopwatch: Stopwatch, indices: Any) -> Any:
         if self.inner is not None:
             with stopwatch.timed(BATCHED):
                 return self.inner(indices)
@@ -226,6 +248,12 @@ class WorkerInit:
     def __init__(self, worker_init_fn: Callable[[int], Any] | None) -> None:
         self.worker_init_fn = worker_init_fn
         self.enabled = False
+        self.watcher: Stopwatch | None = None
+        """The stopwatch that watches the loader. In a forked worker, its copy becomes the worker's default
+        stopwatch (they share one state), so blocks on either record together and come back alike."""
+
+    def __getstate__(self) -> dict[str, Any]:  # spawned workers: a stopwatch does not travel
+        return {"worker_init_fn": self.worker_init_fn, "enabled": self.enabled, "watcher": None}
 
     def __call__(self, worker_id: int) -> None:
         if not self.enabled:
@@ -236,6 +264,8 @@ class WorkerInit:
 
         stopwatch = _default_stopwatch()
         stopwatch._start_in_worker()
+        if self.watcher is not None and self.watcher is not stopwatch:
+            self.watcher.__dict__ = stopwatch.__dict__  # the worker's own copy of it, in this process only
         if self.worker_init_fn is not None:  # start-up: its own row (worker_init [w]), never idle time
             with stopwatch.timed("worker_init"):
                 self.worker_init_fn(worker_id)
