@@ -1,9 +1,11 @@
 """Throughput cost of GPU timing (run on a GPU; not a test).
 
 A GPU-bound training loop (an MLP on random data already on the device) runs with stepwatch off, in its
-asynchronous event mode, in exact synchronous mode, and with a naive timer that calls
-``torch.cuda.synchronize()`` at every stage boundary. Runs are interleaved; medians of samples/s are reported
-as ratios to off. Target: async within 1% of off. Writes ``benchmarks/results/gpu.json``.
+asynchronous event mode (peak memory per step, the default, and per stage), in exact synchronous mode, and with
+a naive timer that calls ``torch.cuda.synchronize()`` at every stage boundary. Runs are interleaved; medians of
+samples/s are reported as ratios to off. Target: async within 1% of off. Also measures what one read of the
+allocator's statistics costs (``max_memory_allocated()`` builds the whole ``memory_stats()`` dict each time,
+which stepwatch now reads once per boundary). Writes ``benchmarks/results/gpu.json``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ def main() -> int:
         torch.cuda.synchronize()
 
     def loop(mode: str) -> float:
-        sw = stepwatch.Stopwatch(device="cuda", sync=mode == "sync") if mode in ("async", "sync") else None
+        memory = "stage" if mode == "async, memory per stage" else "step"
+        timing = mode in ("async", "sync", "async, memory per stage")
+        sw = stepwatch.Stopwatch(device="cuda", sync=mode == "sync", memory=memory) if timing else None
         if sw is not None:
             sw.enable()
         timed = sw.timed if sw is not None else (synchronizing if mode == "naive sync" else None)
@@ -78,7 +82,7 @@ def main() -> int:
             sw.summary()
         return args.steps * 512 / elapsed
 
-    modes = ["off", "async", "sync", "naive sync"]
+    modes = ["off", "async", "async, memory per stage", "sync", "naive sync"]
     for mode in modes:
         loop(mode)  # warm-up
     samples: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -87,8 +91,19 @@ def main() -> int:
             samples[mode].append(loop(mode))
     medians = {mode: statistics.median(values) for mode, values in samples.items()}
     ratios = {mode: medians[mode] / medians["off"] for mode in modes}
+    reads = {}
+    for name, read in (
+        ("max_memory_allocated", lambda: torch.cuda.max_memory_allocated()),
+        ("memory_stats (stepwatch's one read)", lambda: torch.cuda.memory_stats()),
+        ("reset_peak_memory_stats", lambda: torch.cuda.reset_peak_memory_stats()),
+    ):
+        start = time.perf_counter_ns()
+        for _ in range(2000):
+            read()
+        reads[name] = (time.perf_counter_ns() - start) / 2000
     result = {
         "device": torch.cuda.get_device_name(0),
+        "memory_read_ns": reads,
         "samples_per_s": medians,
         "ratio_to_off": ratios,
         "target_async_within_1pct": {"value": 1 - ratios["async"], "limit": 0.01, "met": 1 - ratios["async"] <= 0.01},
@@ -96,7 +111,9 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for mode in modes:
-        print(f"{mode:12} {medians[mode]:12,.0f} samples/s  {ratios[mode]:.3f} x off")
+        print(f"{mode:24} {medians[mode]:12,.0f} samples/s  {ratios[mode]:.3f} x off")
+    for name, ns in reads.items():
+        print(f"{name:36} {ns / 1e3:8.1f} us per call")
     return 0
 
 

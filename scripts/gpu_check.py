@@ -125,7 +125,7 @@ def main() -> int:
     checks.append(("input-starved loop: high idle share (> 50%)", idle_starved > 0.50, f"{idle_starved:.1%}"))
 
     # 5. peak memory of a stage that allocates a known tensor
-    sw = stepwatch.Stopwatch(device=CountingDevice("cuda"))
+    sw = stepwatch.Stopwatch(device=CountingDevice("cuda"), memory="stage")
     sw.enable()
     size_bytes = 256 * 2**20
     with sw.timed("allocate"):

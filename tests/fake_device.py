@@ -94,6 +94,10 @@ class FakeDevice:
     def max_memory_reserved(self) -> int:
         return self.peak_reserved
 
+    def memory_peaks(self) -> tuple[int, int]:
+        self.calls["memory_peaks"] += 1
+        return self.peak_allocated, self.peak_reserved
+
     def reset_peak_memory_stats(self) -> None:
         self.calls["reset_peak"] += 1
         self.peak_allocated = self.allocated

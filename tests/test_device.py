@@ -95,7 +95,7 @@ def test_bounded_queue_drains_with_one_synchronize_when_full(clock: FakeClock) -
 
 
 def test_nested_peak_memory(clock: FakeClock) -> None:
-    sw, device = make(clock)
+    sw, device = make(clock, memory="stage")
     device.allocate(100)
     with sw.timed("outer"):
         device.allocate(50)
@@ -112,16 +112,31 @@ def test_nested_peak_memory(clock: FakeClock) -> None:
     assert stages["outer"].peak_allocated == 1150  # a parent's peak is at least each child's
 
 
-def test_known_tensor_shows_in_its_stage_peak(clock: FakeClock) -> None:
-    sw, device = make(clock)
-    for _ in sw.timed_iter(range(3)):
+@pytest.mark.parametrize("memory", ["step", "stage"])
+def test_known_tensor_shows_in_its_peak(clock: FakeClock, memory: str) -> None:
+    sw, device = make(clock, memory=memory)
+    for _ in sw.timed_iter(range(5)):
         with sw.timed("forward"):
             device.allocate(64 * 2**20)
             device.free(64 * 2**20)
+        with sw.timed("backward"):
+            pass
     stages = sw.summary().stages
-    assert stages["step/forward"].peak_allocated >= 64 * 2**20
-    assert stages["step"].peak_allocated >= stages["step/forward"].peak_allocated
+    assert stages["step"].peak_allocated >= 64 * 2**20  # the step's peak covers its blocks either way
     assert "peak MiB" in sw.report() and "64.0" in sw.report()
+    reads = device.calls["memory_peaks"]
+    if memory == "step":  # one read of the statistics per step, none per block
+        assert stages["step/forward"].peak_allocated is None
+        assert reads == 5
+    else:
+        assert stages["step/forward"].peak_allocated >= 64 * 2**20
+        assert stages["step/backward"].peak_allocated < 64 * 2**20  # the sibling's peak does not leak
+        assert reads == 5 * (1 + 2 * 2)  # each block: the parent's peak before it, its own after
+
+
+def test_memory_mode_is_checked() -> None:
+    with pytest.raises(ValueError, match="memory must be"):
+        Stopwatch(memory="all")
 
 
 def test_out_of_memory_is_recorded_then_propagates(clock: FakeClock) -> None:

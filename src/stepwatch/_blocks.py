@@ -122,7 +122,7 @@ class DeviceBlock(Block):
             if device is None or node is DROPPED:
                 stack.append((self, node, self._clock()))
                 return
-            start, allocated, reserved = device.begin(self._name, parent_frame)
+            start, allocated, reserved = device.begin(self._name, parent_frame, device.stage_memory)
             stack.append([self, node, self._clock(), start, allocated, reserved])
         elif sw._measuring is not False:  # DROPPING (read again: it may have changed since)
             sw._track(self)

@@ -37,6 +37,10 @@ class DeviceBackend(Protocol):
     def memory_reserved(self) -> int: ...
     def max_memory_allocated(self) -> int: ...
     def max_memory_reserved(self) -> int: ...
+    def memory_peaks(self) -> tuple[int, int]:
+        """(peak allocated, peak reserved) since the last reset, read with one call of the statistics."""
+        ...
+
     def reset_peak_memory_stats(self) -> None: ...
     def is_out_of_memory(self, error: BaseException) -> bool: ...
     def range_push(self, name: str) -> None: ...
@@ -105,6 +109,14 @@ class TorchDevice:
     def max_memory_reserved(self) -> int:
         return self._memory("max_memory_reserved")
 
+    def memory_peaks(self) -> tuple[int, int]:
+        # One call builds the allocator's statistics once; max_memory_allocated() and max_memory_reserved()
+        # would each build (and sort) the whole dict again.
+        if self._cuda is None:
+            return 0, 0
+        stats = self._cuda.memory_stats(self.device)
+        return int(stats.get("allocated_bytes.all.peak", 0)), int(stats.get("reserved_bytes.all.peak", 0))
+
     def reset_peak_memory_stats(self) -> None:
         if self._cuda is not None:
             self._cuda.reset_peak_memory_stats(self.device)
@@ -161,8 +173,11 @@ class DeviceTimer:
         nvtx: bool,
         fold: Callable[[Any], None],
         max_pending: int = MAX_PENDING,
+        stage_memory: bool = False,
     ) -> None:
         self.backend = backend
+        self.stage_memory = stage_memory
+        """Peak memory of every stage (two statistics reads per block); else of each step only."""
         self.fold = fold
         self.sync = sync
         self.nvtx = nvtx
@@ -180,35 +195,41 @@ class DeviceTimer:
         pool = self._pool
         return pool.pop() if pool else self.backend.new_event()
 
-    def begin(self, name: str, parent_frame: Any) -> tuple[Any, int, int]:
-        """Called on entering a stage: returns (start event, peak allocated so far, peak reserved so far)."""
+    def begin(self, name: str, parent_frame: Any, memory: bool = True) -> tuple[Any, int, int]:
+        """Called on entering a stage: returns (start event, peak allocated so far, peak reserved so far); with
+        ``memory`` False (a block, unless per-stage memory was asked for) no memory statistics are read, the
+        peaks read -1, and the enclosing step's peak still covers the block."""
         backend = self.backend
         if self.nvtx:
             backend.range_push(name)
         if self.sync:
             backend.synchronize()
-        if len(parent_frame) > 3:  # the parent is a device frame: keep its peak before this stage resets it
-            parent_frame[4] = max(parent_frame[4], backend.max_memory_allocated())
-            parent_frame[5] = max(parent_frame[5], backend.max_memory_reserved())
-        backend.reset_peak_memory_stats()
+        if memory:
+            if len(parent_frame) > 3 and parent_frame[4] >= 0:  # keep the parent's peak before it is reset
+                allocated, reserved = backend.memory_peaks()
+                parent_frame[4] = max(parent_frame[4], allocated)
+                parent_frame[5] = max(parent_frame[5], reserved)
+            backend.reset_peak_memory_stats()
         start = self._event()
         backend.record(start)
-        return start, 0, 0
+        return (start, 0, 0) if memory else (start, -1, -1)
 
     def end(self, frame: Any, parent_frame: Any, node: Any, loop: _Loop | None = None) -> None:
         """Called on leaving a stage (after the CPU clock was read): records the end event and memory."""
         backend = self.backend
         stop = self._event()
         backend.record(stop)
-        peak = max(frame[4], backend.max_memory_allocated())
-        reserved = max(frame[5], backend.max_memory_reserved())
-        if peak > node.peak_allocated:
-            node.peak_allocated = peak
-        if reserved > node.peak_reserved:
-            node.peak_reserved = reserved
-        if len(parent_frame) > 3:
-            parent_frame[4] = max(parent_frame[4], peak)
-            parent_frame[5] = max(parent_frame[5], reserved)
+        if frame[4] >= 0:  # its memory is tracked
+            allocated, reserved = backend.memory_peaks()
+            peak = max(frame[4], allocated)
+            reserved = max(frame[5], reserved)
+            if peak > node.peak_allocated:
+                node.peak_allocated = peak
+            if reserved > node.peak_reserved:
+                node.peak_reserved = reserved
+            if len(parent_frame) > 3 and parent_frame[4] >= 0:
+                parent_frame[4] = max(parent_frame[4], peak)
+                parent_frame[5] = max(parent_frame[5], reserved)
         if self.nvtx:
             backend.range_pop()
         self._pending.append((node, frame[3], stop, loop))

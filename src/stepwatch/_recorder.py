@@ -64,6 +64,8 @@ class Stopwatch(ThreadStacks):
         sync: exact synchronous mode: synchronize the device at every stage boundary, so that wall times
             include the device work (this changes what is measured; the report says it was on).
         nvtx: push an NVTX range per stage, so Nsight Systems shows the same stages by name.
+        memory: ``"step"`` (default) tracks the device's peak memory per step, with one read of the allocator's
+            statistics per step; ``"stage"`` per timed block too, at two reads per block.
         clock: a nanosecond clock; tests inject a controllable one.
 
     Off until :meth:`enable` is called. The module-level functions of ``stepwatch`` use one default instance;
@@ -80,6 +82,7 @@ class Stopwatch(ThreadStacks):
         device: Any = None,
         sync: bool = False,
         nvtx: bool = False,
+        memory: str = "step",
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.schedule = Schedule(warmup, active, every)
@@ -88,6 +91,9 @@ class Stopwatch(ThreadStacks):
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning nanoseconds, got {clock!r}")
         self._device_spec = device
+        if memory not in ("step", "stage"):
+            raise ValueError(f"memory must be 'step' (peak per step) or 'stage' (per stage too), got {memory!r}")
+        self.memory = memory
         self.sync = bool(sync)
         self.nvtx = bool(nvtx)
         self._device: DeviceTimer | None = None
@@ -148,7 +154,9 @@ class Stopwatch(ThreadStacks):
                 from ._device import make_backend
 
                 backend = make_backend(self._device_spec)
-                self._device = DeviceTimer(backend, sync=self.sync, nvtx=self.nvtx, fold=self._fold)
+                self._device = DeviceTimer(
+                    backend, sync=self.sync, nvtx=self.nvtx, fold=self._fold, stage_memory=self.memory == "stage"
+                )
             if self._started_wall is None:
                 self._started_wall = time.time()
                 self._session_start_ns = self._clock()

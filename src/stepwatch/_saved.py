@@ -72,6 +72,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
             "device": None if stopwatch._device is None else stopwatch._device.backend.name,
             "sync": stopwatch.sync,
             "nvtx": stopwatch.nvtx,
+            "memory": stopwatch.memory,
         },
         "device_error": None if stopwatch._device is None else stopwatch._device.error,
         "dropped_blocks": stopwatch._dropped_blocks,

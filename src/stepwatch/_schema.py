@@ -180,6 +180,7 @@ def check_metadata(data: Any) -> None:
         _optional_int(config.get(key), f"metadata.config.{key}")
     _optional_int(config.get("window"), "metadata.config.window", 1, MAX_WINDOW)
     _str(config.get("device"), "metadata.config.device")
+    _str(config.get("memory"), "metadata.config.memory")
     for key in ("sync", "nvtx"):
         if not isinstance(config.get(key, False), bool):
             raise _fail(f"metadata.config.{key}", "must be true or false")
