@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,9 @@ def train(sw: Stopwatch, device: FakeDevice, clock: FakeClock, steps: int, *, lo
 def test_gpu_bound_loop_device_times_without_synchronize(clock: FakeClock) -> None:
     sw, device = make(clock)
     train(sw, device, clock, 50, load_ns=MS // 2, fwd=6 * MS, bwd=10 * MS)
-    assert device.calls["synchronize"] == 0  # the hot path never synchronizes
+    assert device.calls["synchronize"] == 1  # once when timing starts (the clock anchor), never per stage
     summary = sw.summary()
-    assert device.calls["synchronize"] == 1  # pending events resolved once, for the summary
+    assert device.calls["synchronize"] == 2  # pending events resolved once, for the summary
     stages = summary.stages
     assert stages["step/forward"].device.mean == pytest.approx(6e-3)
     assert stages["step/backward"].device.mean == pytest.approx(10e-3)
@@ -72,7 +73,8 @@ def test_events_are_pooled_and_reused(clock: FakeClock) -> None:
     sw, device = make(clock)
     train(sw, device, clock, 500, load_ns=MS, fwd=MS // 10, bwd=MS // 10)
     sw.summary()
-    assert device.calls["record"] == 500 * 6  # start and end of step, forward and backward
+    # start and end of step, forward and backward; an anchor event when timing starts and after the drain
+    assert device.calls["record"] == 500 * 6 + 2
     assert device.events_created <= 12  # the same few events go round
 
 
@@ -80,8 +82,8 @@ def test_resolution_is_lazy_and_in_order(clock: FakeClock) -> None:
     sw, device = make(clock)
     train(sw, device, clock, 5, load_ns=0, fwd=100 * MS, bwd=100 * MS)
     # the device is far behind: nothing could be resolved yet, and nothing was forced
-    assert device.calls["elapsed"] == 0 and device.calls["synchronize"] == 0
-    assert device.calls["query"] <= 10  # per step: one failed poll, one look at the step end event
+    assert device.calls["elapsed"] == 0 and device.calls["synchronize"] == 1  # the anchor, when timing starts
+    assert device.calls["query"] <= 5  # per step: one failed poll; the step's end is never raced for
     assert sw.summary().stages["step/forward"].device.calls == 4
 
 
@@ -90,7 +92,7 @@ def test_bounded_queue_drains_with_one_synchronize_when_full(clock: FakeClock) -
     assert sw._device is not None
     sw._device.max_pending = 9  # 3 measurements per step: full every 3 steps
     train(sw, device, clock, 12, load_ns=0, fwd=100 * MS, bwd=100 * MS)
-    assert device.calls["synchronize"] == 4
+    assert device.calls["synchronize"] == 1 + 4  # the anchor when timing starts, then one per full queue
     assert sw.summary().stages["step/backward"].device.calls == 11
 
 
@@ -236,3 +238,39 @@ def test_a_failing_device_does_not_cost_the_cpu_figures(clock: FakeClock, tmp_pa
     assert loaded.stages["step/forward"].calls == 4  # wall times kept
     assert loaded.stages["step/forward"].device is None  # device times were pending: dropped
     assert "device failed" in stepwatch.render(loaded) and "device-side assert" in stepwatch.render(loaded)
+
+
+# -- host-bound detection on a stream that runs in real time -------------------------------------------------
+
+
+def realtime_loop(python_s: float, kernel_s: float, steps: int = 25) -> stepwatch.Summary:
+    from .realtime_device import RealtimeDevice
+
+    device = RealtimeDevice()
+    try:
+        sw = Stopwatch(device=device)  # type: ignore[arg-type]
+        sw.enable()
+        for _ in sw.timed_iter(range(steps)):
+            with sw.timed("forward"):
+                device.launch(kernel_s)
+                time.sleep(python_s)  # Python between kernels (sleep: the stream thread keeps running)
+                device.launch(kernel_s)
+            with sw.timed("backward"):
+                device.launch(kernel_s)
+        return sw.summary()
+    finally:
+        device.close()
+
+
+def test_a_loop_of_python_between_tiny_kernels_is_host_bound_on_a_realtime_stream() -> None:
+    summary = realtime_loop(python_s=0.010, kernel_s=0.0001)
+    verdict = summary.verdict
+    assert verdict.kind == "host-bound", verdict.headline  # not "compute-bound: the GPU was busy 98%"
+    assert verdict.figures["caught_up_share"] > 0.8
+
+
+def test_a_loop_of_long_kernels_is_compute_bound_on_a_realtime_stream() -> None:
+    summary = realtime_loop(python_s=0.0, kernel_s=0.010)
+    verdict = summary.verdict
+    assert verdict.kind == "compute-bound", verdict.headline
+    assert verdict.figures["caught_up_share"] < 0.2

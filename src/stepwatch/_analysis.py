@@ -182,7 +182,8 @@ def _input_advice(
         rate = f"each batch takes a worker {busy_per_batch * 1e3:.1f} ms, the step {step_s * 1e3:.1f} ms"
         if step_s > 0 and not math.isnan(busy_per_batch):
             needed = math.ceil(busy_per_batch / step_s)
-        if utilization < 0.7:
+            figures["workers_needed"] = needed
+        if utilization < 0.7:  # the workers are not the limit: more of them would not help
             advice.append(
                 f"the {current} workers are busy only {utilization:.0%} of their time while the loop waits:"
                 + ("" if _at_least(config.get("prefetch_factor"), 4) else " raise prefetch_factor, and")
@@ -195,7 +196,7 @@ def _input_advice(
         needed = math.ceil(current * (wait_s + step_s) / step_s) if current else max(1, math.ceil(wait_s / step_s))
         rate = f"the wait is {wait_s * 1e3:.1f} ms per batch, the step {step_s * 1e3:.1f} ms"
     if needed is not None:
-        figures["workers_needed"] = needed
+        figures.setdefault("workers_needed", needed)
         text = _workers_advice(needed, current, cores, config.get("torch_threads"), not gpu and not on_device, rate)
         if text:
             advice.append(text)

@@ -12,6 +12,7 @@ test double whose events complete later, in order, as a stream would.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,11 @@ from typing import Any, Protocol, runtime_checkable
 MAX_PENDING = 4096
 """Stage measurements whose events may wait unresolved before one synchronize drains them."""
 MAX_OUT_OF_MEMORY = 32
+CAUGHT_UP_SLACK_NS = 100_000
+CAUGHT_UP_SHARE = 0.10
+"""A step's end event that ran within 100 us, or a tenth of the step's CPU time, of being recorded found the
+device with (next to) nothing queued: it had caught up and waited on the host. A device that is the limit has a
+backlog of at least a step's worth of work when the step ends."""
 
 
 @runtime_checkable
@@ -174,8 +180,13 @@ class DeviceTimer:
         fold: Callable[[Any], None],
         max_pending: int = MAX_PENDING,
         stage_memory: bool = False,
+        clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.backend = backend
+        self.clock = clock
+        self._anchor: tuple[Any, int] | None = None
+        """An event recorded on an idle device, with the CPU time it was recorded at: it maps device times to
+        CPU times, so whether the device had caught up at a step's end is read from events, never raced for."""
         self.stage_memory = stage_memory
         """Peak memory of every stage (two statistics reads per block); else of each step only."""
         self.fold = fold
@@ -204,6 +215,8 @@ class DeviceTimer:
             backend.range_push(name)
         if self.sync:
             backend.synchronize()
+        if self._anchor is None:
+            self._set_anchor()
         if memory:
             if len(parent_frame) > 3 and parent_frame[4] >= 0:  # keep the parent's peak before it is reset
                 allocated, reserved = backend.memory_peaks()
@@ -232,10 +245,10 @@ class DeviceTimer:
                 parent_frame[5] = max(parent_frame[5], reserved)
         if self.nvtx:
             backend.range_pop()
-        self._pending.append((node, frame[3], stop, loop))
-        if loop is not None and backend.query(stop):
-            # the device already finished everything issued: at the end of this step it waited on the host
-            loop.phase.device_caught_up += 1
+        # when the CPU issued the step's end, and the step's CPU time: compared, once resolved, with when the
+        # device ran it
+        issued = (self.clock(), frame[2]) if loop is not None else None
+        self._pending.append((node, frame[3], stop, loop, issued))
         if len(self._pending) >= self.max_pending:
             self.drain()
 
@@ -254,7 +267,7 @@ class DeviceTimer:
 
     def loop_finished(self, loop: _Loop) -> None:
         """The iterator ended: its last held event goes back to the pool once everything before it resolved."""
-        self._pending.append((None, None, None, loop))
+        self._pending.append((None, None, None, loop, None))
 
     # -- resolution ----------------------------------------------------------------------------------
 
@@ -282,9 +295,22 @@ class DeviceTimer:
         pending = self._pending
         while pending:
             self._resolve(pending.popleft())
+        self._set_anchor()  # the device is idle now: a fresh anchor keeps the two clocks from drifting apart
+
+    def _set_anchor(self) -> None:
+        """Synchronizes (the device is then idle), records an event and notes the CPU time: that event ran when
+        it was recorded, so it ties the device's clock to the CPU's."""
+        backend = self.backend
+        if self._anchor is None:
+            backend.synchronize()  # once, when timing starts; later anchors follow a drain's synchronize
+        else:
+            self._pool.append(self._anchor[0])
+        event = self._event()
+        backend.record(event)
+        self._anchor = (event, self.clock())
 
     def _resolve(self, entry: tuple[Any, ...]) -> None:
-        node, start, stop, loop = entry
+        node, start, stop, loop, issued = entry
         pool = self._pool
         if node is None:  # end-of-loop marker
             if loop.previous_end is not None:
@@ -302,6 +328,13 @@ class DeviceTimer:
         phase = loop.phase
         phase.device_busy_ns += elapsed
         phase.device_steps += 1
+        anchor = self._anchor
+        if issued is not None and anchor is not None:
+            issued_ns, step_started_ns = issued
+            ran_ns = anchor[1] + self.backend.elapsed_ns(anchor[0], stop)  # when the device ran the step's end
+            slack = max(CAUGHT_UP_SLACK_NS, int((issued_ns - step_started_ns) * CAUGHT_UP_SHARE))
+            if ran_ns - issued_ns <= slack:  # (next to) nothing was queued: the device waited on the host
+                phase.device_caught_up += 1
         if loop.previous_end is not None:
             phase.device_idle_ns += max(self.backend.elapsed_ns(loop.previous_end, start), 0)
             pool.append(loop.previous_end)

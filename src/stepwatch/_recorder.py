@@ -155,7 +155,12 @@ class Stopwatch(ThreadStacks):
 
                 backend = make_backend(self._device_spec)
                 self._device = DeviceTimer(
-                    backend, sync=self.sync, nvtx=self.nvtx, fold=self._fold, stage_memory=self.memory == "stage"
+                    backend,
+                    sync=self.sync,
+                    nvtx=self.nvtx,
+                    fold=self._fold,
+                    stage_memory=self.memory == "stage",
+                    clock=self._clock,
                 )
             if self._started_wall is None:
                 self._started_wall = time.time()

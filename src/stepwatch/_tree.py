@@ -163,8 +163,8 @@ class WorkerTotals:
         self.busy_ns += busy
         self.wait_ns += max(received_ns - ready, 0)
         span = self.spans.get(pid)
-        if span is None:
-            self.spans[pid] = [started, ready]
+        if span is None:  # from its first counted batch's start: start-up and uncounted batches are not idle
+            self.spans[pid] = [max(started, ready - busy), ready]
         elif ready > span[1]:
             span[1] = ready
 
