@@ -460,3 +460,23 @@ def test_the_same_dataset_code_gives_the_same_rows_with_0_or_2_workers() -> None
         assert calls(sw, "dataset/decode") == 8 and calls(sw, "dataset/normalize") == 8, workers
     assert rows[0] == rows[2]
     assert not stepwatch.summary().phases  # the module-level stopwatch, off, recorded nothing of its own
+
+
+def test_a_batch_that_failed_in_a_worker_leaves_nothing_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker side of the case above, driven in this process as a worker would run it: a fetch that
+    raises, then the next batch, whose report must hold only its own samples."""
+    from stepwatch import _workers
+
+    worker = Stopwatch()
+    worker.enable()
+    monkeypatch.setattr(_workers, "_default_stopwatch", lambda: worker)
+    monkeypatch.setattr(_workers, "_state", _workers._WorkerState())
+    _workers._state.start(0)
+    dataset = BusyDataset(size=8, fail_at=5)
+    getitems = _workers.TimedGetItems(dataset, None, None)
+    collate = _workers.TimedCollate(lambda samples: samples, None)
+    collate.enabled = True
+    with pytest.raises(ValueError, match="sample 5"):
+        getitems([4, 5, 6, 7])  # sample 4 was timed, then 5 raised: no collate, no report
+    carrier = collate(getitems([0, 1, 2, 3]))
+    assert carrier.report[5]["dataset"][0] == 4  # the 4 samples of this batch, not 6

@@ -151,8 +151,11 @@ class TimedGetItems:
 
     def __call__(self, indices: Any) -> Any:
         if _state.active:
+            stopwatch = _default_stopwatch()
+            if _state.fetch_started_ns is not None:  # the previous batch failed before its collate: its
+                stopwatch._take()  # measurements never reached the loop, so they must not ride on this batch
             _state.fetch_started_ns = time.perf_counter_ns()
-            return self._fetch(_default_stopwatch(), indices)
+            return self._fetch(stopwatch, indices)
         stopwatch = self._stopwatch or _default_stopwatch()
         with _lending_default(stopwatch):
             return self._fetch(stopwatch, indices)
