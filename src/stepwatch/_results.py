@@ -1,0 +1,111 @@
+"""Results of a recording: the :class:`~stepwatch.Summary` snapshot, the report, saving, and checkpoints.
+
+The part of :class:`~stepwatch.Stopwatch` that reads what was recorded (the tree of each phase) and hands it
+on as plain data; nothing here records.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from ._summary import DeviceLoad, PhaseSummary, StageStats, Summary
+from ._tree import Phase, collect
+
+if TYPE_CHECKING:
+    from ._device import DeviceTimer
+    from ._recorder import Stopwatch
+
+
+class Results:
+    """Summaries, reports, saving and ``state_dict``, for :class:`~stepwatch.Stopwatch`."""
+
+    _lock: threading.RLock
+    _device: DeviceTimer | None
+    _phases: dict[str, Phase]
+    _clock: Any
+    _started_wall: float | None
+    _session_start_ns: int
+    _elapsed_before_ns: int
+    _devices_before: list[str]
+
+    # -- results -----------------------------------------------------------------------------------------
+
+    def summary(self) -> Summary:
+        """An immutable snapshot of everything recorded so far (open blocks are not included)."""
+        from ._saved import build_metadata
+
+        with self._lock:
+            if self._device is not None:
+                self._device.drain()  # the one synchronize: everything pending is resolved now
+            phases = {}
+            for name, phase in self._phases.items():
+                stages: dict[str, StageStats] = {}
+                collect(phase.root, stages)
+                if stages or phase.counters or phase.workers:
+                    phases[name] = PhaseSummary(
+                        name,
+                        stages,
+                        phase.counters,
+                        phase.loop_ns,
+                        phase.steps,
+                        DeviceLoad(
+                            phase.device_busy_ns, phase.device_idle_ns, phase.device_steps, phase.device_caught_up
+                        ),
+                        {
+                            worker_id: totals.stats(worker_id, phase.consuming, time.perf_counter_ns())
+                            for worker_id, totals in sorted(phase.workers.items())
+                        },
+                    )
+            ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
+            return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(cast("Stopwatch", self)), ooms)
+
+    def report(self) -> str:
+        """The human-readable table of :meth:`summary`."""
+        from ._render import render_text
+
+        return render_text(self.summary())
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the run as JSON (atomically: a temporary file renamed over ``path``)."""
+        from ._saved import save_summary
+
+        save_summary(self.summary(), path)
+
+    def load(self, path: str | os.PathLike[str]) -> Summary:
+        """Read a saved run; the same as ``stepwatch.load``."""
+        from ._saved import load_summary
+
+        return load_summary(path)
+
+    def devices(self) -> list[str]:
+        """Devices used over the whole run, across resumes, oldest first."""
+        from ._saved import detect_devices
+
+        devices = list(self._devices_before)
+        current = [self._device.backend.name] if self._device is not None else detect_devices()
+        for device in current:
+            if not devices or devices[-1] != device:
+                devices.append(device)
+        return devices
+
+    def _elapsed_ns(self) -> int:
+        running = self._clock() - self._session_start_ns if self._started_wall is not None else 0
+        return self._elapsed_before_ns + running
+
+    # -- checkpointing -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain Python data (dicts, lists, str, int, float, None): safe for ``torch.load(weights_only=True)``."""
+        from ._state import state_dict
+
+        return state_dict(cast("Stopwatch", self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Carry on from :meth:`state_dict`: totals, counters, schedule position, elapsed time, devices. A
+        corrupt state raises :class:`~stepwatch.FormatError` before anything recorded is replaced."""
+        from ._state import load_state_dict
+
+        load_state_dict(cast("Stopwatch", self), state)
