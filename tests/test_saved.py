@@ -64,6 +64,7 @@ def test_file_has_schema_and_metadata(tmp_path: Path, clock: FakeClock) -> None:
         "device": None,
         "sync": False,
         "nvtx": False,
+        "memory": "step",
     }
 
 
