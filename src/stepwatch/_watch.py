@@ -42,21 +42,19 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
     workers = getattr(loader, "num_workers", 0)
     context = getattr(loader, "multiprocessing_context", None)
     method = getattr(context, "_name", None) or (context if isinstance(context, str) else None)
-    torch = sys.modules.get("torch")
-    iterable = type(getattr(loader, "dataset", None)).__mro__
+    batch_size = getattr(loader, "batch_size", None)
+    torch = sys.modules.get("torch")  # never imported here: a loader means it already is
+    threads = torch.get_num_threads() if torch is not None and hasattr(torch, "get_num_threads") else None
+    kinds = {cls.__name__ for cls in type(getattr(loader, "dataset", None)).__mro__}
     return {
         "num_workers": workers if isinstance(workers, int) else None,
-        "batch_size": getattr(loader, "batch_size", None)
-        if isinstance(getattr(loader, "batch_size", None), int)
-        else None,
+        "batch_size": batch_size if isinstance(batch_size, int) else None,
         "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
-        "dataset": "iterable" if any(cls.__name__ == "IterableDataset" for cls in iterable) else "map",
+        "dataset": "iterable" if "IterableDataset" in kinds else "map",
         "start_method": (method or multiprocessing.get_start_method(allow_none=True) or "default") if workers else None,
-        "torch_threads": int(torch.get_num_threads())
-        if torch is not None and hasattr(torch, "get_num_threads")
-        else None,
+        "torch_threads": int(threads) if threads is not None else None,
         "cpu_count": os.cpu_count(),
     }
 
