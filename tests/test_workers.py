@@ -327,8 +327,10 @@ def test_worker_start_up_is_its_own_figure_not_idle_time(sw: Stopwatch) -> None:
     stages = sw.summary().stages
     init = [stages[p] for p in ("first_batch/worker_init", "loader/worker_init") if p in stages]
     assert sum(s.calls for s in init) == 2 and min(s.min for s in init) >= 0.5
+    phase = sw._phases["train"]
+    debug = (phase.consuming, {w: t.spans for w, t in phase.workers.items()})
     for worker in sw.summary().main_phase.workers.values():
-        assert worker.utilization > 0.7, worker  # was 12-13% when start-up counted as idle
+        assert worker.utilization > 0.7, (worker, debug)  # was 12-13% when start-up counted as idle
     assert "workers (2 configured, 2 delivered batches)" in sw.report()
 
 
