@@ -154,7 +154,18 @@ def iterate(
                 local, stack = sw._local, sw._thread_stack()
             if body_frame is not None:
                 frame, body_frame = body_frame, None
-                end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
+                if stack[-1] is frame and frame[1] is body_node and device is None and loop_phase is not None:
+                    # a steady-state step of the outer loop, closed as end_step would, inlined: the hot path
+                    del stack[-1]
+                    elapsed = now - frame[2]
+                    buf = body_node.buf
+                    buf.append(elapsed)
+                    if len(buf) >= FOLD:
+                        sw._fold(body_node)
+                    loop_phase.loop_ns += elapsed
+                    loop_phase.steps += 1
+                else:
+                    end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
             if device is not None:
                 device.poll()
             if outer:
@@ -186,7 +197,17 @@ def iterate(
                 if sw._local is not local:
                     local, stack = sw._local, sw._thread_stack()
                 first = frame[1] is first_node
-                close_frame(sw, stack, frame, ready, loop_phase if frame[1] is wait_node else None)
+                if stack[-1] is frame and not first and device is None:  # close_frame's common case, inlined
+                    del stack[-1]
+                    elapsed = ready - frame[2]
+                    buf = wait_node.buf
+                    buf.append(elapsed)
+                    if len(buf) >= FOLD:
+                        sw._fold(wait_node)
+                    if loop_phase is not None:
+                        loop_phase.loop_ns += elapsed
+                else:
+                    close_frame(sw, stack, frame, ready, loop_phase if frame[1] is wait_node else None)
                 node = first_body_node if first else body_node
                 if first and loop_phase is not None:
                     loop_phase.in_first_step = True
