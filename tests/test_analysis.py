@@ -181,13 +181,19 @@ def slow_start(worker_id: int) -> None:
     time.sleep(0.3)  # workers that take a while to start: opening files, building indexes
 
 
-def test_persistent_workers_advice_when_each_epoch_starts_slowly() -> None:
+def slowly_starting_epochs() -> Stopwatch:
+    """Two epochs over 2 workers that take 0.3 s to start, each time (not persistent)."""
     sw = Stopwatch()
     sw.enable()
     loader = DataLoader(range(16), batch_size=4, num_workers=2, worker_init_fn=slow_start)
     for _ in range(2):
         for _ in sw.watch(loader):
             spin(0.01)
+    return sw
+
+
+def test_persistent_workers_advice_when_each_epoch_starts_slowly() -> None:
+    sw = slowly_starting_epochs()
     verdict = sw.summary().verdict
     assert sw.summary().stages["first_batch"].mean > 0.3
     assert any("persistent_workers=True" in advice for advice in verdict.advice), verdict.advice
@@ -314,13 +320,7 @@ def test_never_advise_fewer_workers_than_configured(clock: FakeClock) -> None:
 
 
 def test_never_advise_what_is_already_set() -> None:
-    sw = Stopwatch()
-    sw.enable()
-    loader = DataLoader(range(16), batch_size=4, num_workers=2, worker_init_fn=slow_start)
-    for _ in range(2):
-        for _ in sw.watch(loader):
-            spin(0.01)
-    summary = sw.summary()
+    summary = slowly_starting_epochs().summary()
     assert any("persistent_workers=True" in advice for advice in summary.verdict.advice)
     assert not any("persistent_workers" in a for a in analyze(with_loader(summary, persistent_workers=True)).advice)
 
