@@ -127,12 +127,11 @@ def iterate(
     sites = sw._loop_sites.setdefault(threading.get_ident(), [])
     sites.append(site)
     loop_started = clock()
-    if own_phase:
-        config = loader_config(iterable if source is None else source)
-        if config is not None:
-            sw._loader_configs[phase.name] = config
     try:
         if own_phase:
+            config = loader_config(iterable if source is None else source)
+            if config is not None:
+                sw._loader_configs[phase.name] = config
             root_frame = (None, phase.root, 0)
             stack.append(root_frame)
             sw._local.phase = phase.name
