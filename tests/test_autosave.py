@@ -59,10 +59,9 @@ def test_saved_on_uncaught_exception_with_report_logged(tmp_path: Path) -> None:
     assert_saved(out)
 
 
-def _default_sigint() -> None:
-    """A shell starting the suite in the background ignores SIGINT, and children inherit that: the child
-    under test gets Python's usual handling, whoever started the suite."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+USUAL_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+"""A shell starting the suite in the background ignores SIGINT, and children inherit that: each child under
+test first gives itself Python's usual handling (before stepwatch is imported), whoever started the suite."""
 
 
 def start_and_signal(
@@ -70,12 +69,11 @@ def start_and_signal(
 ) -> subprocess.CompletedProcess[str]:
     """Starts a recording child, waits for its "ready" line, sends ``signum`` and collects the outcome."""
     process = subprocess.Popen(
-        [PYTHON, "-c", code or textwrap.dedent(RECORD) + textwrap.dedent(body)],
+        [PYTHON, "-c", USUAL_SIGINT + (code or textwrap.dedent(RECORD) + textwrap.dedent(body))],
         env=env or subprocess_env(STEPWATCH="1", STEPWATCH_OUT=str(out)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_default_sigint,
     )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
