@@ -1,11 +1,9 @@
-"""Recording: the :class:`Stopwatch`, its switch, the per-thread stacks of open blocks, and its results.
+"""Recording: the :class:`Stopwatch`, its switch, its counters, and the growth of its stage tree.
 
-Timed blocks live in ``_blocks``, timed iterators in ``_loops``, the data they record in ``_tree``, and
-checkpointing in ``_state``. Switching (``disable``, ``reset``, ``load_state_dict``) never edits another
-thread's stack: it hands every thread a fresh one, which the thread fills, the next time it touches it, with
-dropped stand-ins for the blocks it still has open. So blocks that were open at the switch are never
-half-counted, blocks opened inside them are dropped with them, and no thread ever sees a stack in the middle of
-being changed.
+Timed blocks live in ``_blocks``, timed iterators in ``_loops``, the data they record in ``_tree``, the
+per-thread stacks and switching in ``_stacks``, summaries and saving in ``_results``, checkpointing in
+``_state``. Switching (``disable``, ``reset``, ``load_state_dict``) never edits another thread's stack; see
+``_stacks``.
 """
 
 from __future__ import annotations
