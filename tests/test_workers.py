@@ -69,9 +69,10 @@ def calls(sw: Stopwatch, stage: str, phase: str = "train") -> int:
 
 def assert_worker_figures_hold(sw: Stopwatch, batches: list[Any], augment: bool = True) -> None:
     """Stepwatch's per-sample figures hold what the samples measured themselves: never less in total, and at
-    the median within the timer's slack. (Not within the slack on every sample: in a worker, the queue's feeder
-    thread can take the GIL between the workload's last clock read and the block's, and that wait is real time
-    in the block that the workload's own clock missed.)"""
+    the median within the timer's slack (0.5 ms, or a tenth of the sample on a loaded machine). Not within the
+    slack on every sample: in a worker, the queue's feeder thread can take the GIL between the workload's last
+    clock read and the block's, and on a loaded machine be preempted holding it; that wait is real time in the
+    block that the workload's own clock missed."""
     took = [t for batch in batches for t in batch["took"].tolist()]
     augment_took = [t for batch in batches for t in batch["augment_took"].tolist()]
     stages = sw.summary().stages
@@ -81,7 +82,8 @@ def assert_worker_figures_hold(sw: Stopwatch, batches: list[Any], augment: bool 
         assert sum(row.total for row in rows) >= sum(truths), stage
         measured = sorted(ns * 1e-9 for row in rows for ns in row.recent_ns)
         assert len(measured) == len(truths), stage
-        assert measured[len(measured) // 2] < sorted(truths)[len(truths) // 2] + OVERHEAD_S, stage
+        median_truth = sorted(truths)[len(truths) // 2]
+        assert measured[len(measured) // 2] < median_truth + max(OVERHEAD_S, 0.1 * median_truth), stage
     assert min(took) >= SAMPLE_S - 1e-9 and min(augment_took) >= AUGMENT_S - 1e-9  # float rounding
 
 
