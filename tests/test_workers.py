@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 import stepwatch
 from stepwatch import Stopwatch
 
-from .conftest import OVERHEAD_S, spin
+from .conftest import spin
 
 SAMPLE_S = 0.010
 AUGMENT_S = 0.004
@@ -68,22 +68,28 @@ def calls(sw: Stopwatch, stage: str, phase: str = "train") -> int:
 
 
 def assert_worker_figures_hold(sw: Stopwatch, batches: list[Any], augment: bool = True) -> None:
-    """Stepwatch's per-sample figures hold what the samples measured themselves: never less in total, and at
-    the median within the timer's slack (0.5 ms, or a tenth of the sample on a loaded machine). Not within the
-    slack on every sample: in a worker, the queue's feeder thread can take the GIL between the workload's last
-    clock read and the block's, and on a loaded machine be preempted holding it; that wait is real time in the
-    block that the workload's own clock missed."""
+    """Stepwatch's per-sample figures hold what the samples measured themselves, never less; and they fit
+    inside what contains them (a transform inside its sample, the samples inside the batches' fetch time).
+    No upper bound against the samples' own clocks: in a worker, the queue's feeder thread can take the GIL
+    between a workload's last clock read and the block's, and on a loaded machine be preempted holding it;
+    that wait is real time in the block that the workload's own clock missed."""
     took = [t for batch in batches for t in batch["took"].tolist()]
     augment_took = [t for batch in batches for t in batch["augment_took"].tolist()]
-    stages = sw.summary().stages
-    checked = (("dataset", took), ("dataset/augment", augment_took)) if augment else (("dataset", took),)
-    for stage, truths in checked:
+    phase = sw.summary().main_phase
+    stages = phase.stages
+
+    def total(stage: str) -> float:
         rows = [stages[p] for p in (f"loader/{stage}", f"first_batch/{stage}") if p in stages]
-        assert sum(row.total for row in rows) >= sum(truths), stage
-        measured = sorted(ns * 1e-9 for row in rows for ns in row.recent_ns)
-        assert len(measured) == len(truths), stage
-        median_truth = sorted(truths)[len(truths) // 2]
-        assert measured[len(measured) // 2] < median_truth + max(OVERHEAD_S, 0.1 * median_truth), stage
+        assert sum(len(row.recent_ns) for row in rows) == len(took), stage
+        return sum(row.total for row in rows)
+
+    assert total("dataset") >= sum(took)
+    if augment:
+        assert sum(augment_took) <= total("dataset/augment") <= total("dataset")
+    if phase.workers:  # the samples ran inside the workers' busy time
+        assert total("dataset") <= sum(worker.busy_ns for worker in phase.workers.values()) * 1e-9
+    else:  # the samples ran inside the loop's waits
+        assert total("dataset") <= sum(stages[p].total for p in ("loader", "first_batch") if p in stages)
     assert min(took) >= SAMPLE_S - 1e-9 and min(augment_took) >= AUGMENT_S - 1e-9  # float rounding
 
 
