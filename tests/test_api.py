@@ -17,6 +17,7 @@ PUBLIC = {
     "Stopwatch",
     "Summary",
     "__version__",
+    "auto",
     "count",
     "disable",
     "enable",

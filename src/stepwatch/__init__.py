@@ -13,7 +13,8 @@ The module-level functions use one default :class:`Stopwatch`; create more for i
 
 from __future__ import annotations
 
-from ._config import ConfigError, enabled_from_env, out_from_env
+from ._auto import auto
+from ._config import ConfigError, auto_from_env, enabled_from_env, out_from_env
 from ._recorder import Stopwatch
 from ._render import FORMATS
 from ._saved import FormatError, load_summary
@@ -28,6 +29,7 @@ __all__ = [
     "Stopwatch",
     "Summary",
     "__version__",
+    "auto",
     "count",
     "disable",
     "enable",
@@ -80,5 +82,9 @@ def render(run: Summary, format: str = "text") -> str:
     return renderer.render(run)
 
 
-if enabled_from_env():
+if auto_from_env():
+    from ._auto import start_from_env
+
+    start_from_env()
+elif enabled_from_env():
     _default.enable(out=out_from_env())

@@ -24,6 +24,10 @@ logger = logging.getLogger("stepwatch")
 _installed: dict[int, Stopwatch] = {}
 """Stopwatches to save, held strongly: one enabled with ``out=`` inside a function that has returned is still
 saved at exit."""
+_reports: dict[int, tuple[Stopwatch, bool]] = {}
+"""Stopwatches whose report goes to stderr when the program ends (``stepwatch run``, ``STEPWATCH=auto``), each
+with whether a run with nothing recorded is skipped (neither saved nor reported: a helper process that
+inherited ``STEPWATCH=auto``)."""
 _hooks_lock = threading.Lock()
 _hooks_installed = False
 _previous_signal_handlers: dict[int, Any] = {}
@@ -33,10 +37,13 @@ _owner_pid = 0
 write its stale copy of the parent's recording over the parent's file."""
 
 
-def install(stopwatch: Stopwatch) -> None:
-    """Registers ``stopwatch`` for saving to ``stopwatch.out``; the process-wide hooks are installed once."""
+def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False) -> None:
+    """Registers ``stopwatch`` for saving to ``stopwatch.out``; the process-wide hooks are installed once.
+    With ``report``, its report is also printed on stderr when the program ends (once)."""
     global _hooks_installed
     _installed[id(stopwatch)] = stopwatch
+    if report:
+        _reports[id(stopwatch)] = (stopwatch, skip_empty)
     with _hooks_lock:
         if _hooks_installed:
             return
@@ -55,20 +62,36 @@ def install(stopwatch: Stopwatch) -> None:
             logger.warning("stepwatch: enabled outside the main thread; runs are not saved on SIGTERM/SIGINT")
 
 
-def save_all(reason: str) -> None:
-    """Saves every registered stopwatch that has an output path; never raises. Does nothing in a child
-    process: the run file belongs to the process that started the run, not to its DataLoader workers or other
-    children, forked (which inherit these hooks and a stale copy of the recording) or spawned (which inherit
-    ``STEPWATCH_OUT``)."""
+def save_all(reason: str, final: bool = True) -> None:
+    """Saves every registered stopwatch that has an output path; never raises. ``final``: the program ends
+    now, so the reports asked for are printed (once). Does nothing in a child process: the run file belongs to
+    the process that started the run, not to its DataLoader workers or other children, forked (which inherit
+    these hooks and a stale copy of the recording) or spawned (which inherit ``STEPWATCH_OUT``)."""
     if os.getpid() != _owner_pid or multiprocessing.parent_process() is not None:
         return
     for stopwatch in list(_installed.values()):
-        if stopwatch.out is None:
+        if stopwatch.out is None or (_reports.get(id(stopwatch), (None, False))[1] and not stopwatch._phases):
             continue
         try:
             stopwatch.save(stopwatch.out)
         except Exception as error:  # a failing save must not hide the program's own outcome
             logger.error("stepwatch: could not save the run to %s at %s: %s", stopwatch.out, reason, error)
+    if final:
+        for key, (stopwatch, skip_empty) in list(_reports.items()):
+            del _reports[key]
+            if not (skip_empty and not stopwatch._phases):
+                _print_report(stopwatch)
+
+
+def _print_report(stopwatch: Stopwatch) -> None:
+    try:
+        text = stopwatch.report()
+        if stopwatch.out is not None and os.path.exists(stopwatch.out):
+            text += f"stepwatch: run saved to {os.path.relpath(stopwatch.out)}\n"
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except Exception as error:  # the program's own outcome must show, whatever happens here
+        logger.error("stepwatch: no report: %s", error)
 
 
 def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
@@ -78,13 +101,17 @@ def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackTy
                 logger.debug("stepwatch report at uncaught %s:\n%s", kind.__name__, stopwatch.report())
             except Exception as error:  # the program's own exception is what must show
                 logger.debug("stepwatch: no report at uncaught %s: %s", kind.__name__, error)
-    save_all(f"uncaught {kind.__name__}")
-    _previous_excepthook(kind, value, tb)
+    try:
+        _previous_excepthook(kind, value, tb)  # the traceback first; the report, if asked for, below it
+    finally:
+        save_all(f"uncaught {kind.__name__}")
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    save_all(signal.Signals(signum).name)
     previous = _previous_signal_handlers.get(signum, signal.SIG_DFL)
+    # the program ends now unless a handler of its own (Python's KeyboardInterrupt included) takes over
+    # or the signal was ignored
+    save_all(signal.Signals(signum).name, final=previous == signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:

@@ -1,4 +1,5 @@
-"""The environment switches: ``STEPWATCH`` turns recording on, ``STEPWATCH_OUT`` names the autosave file."""
+"""The environment switches: ``STEPWATCH`` turns recording on (``auto``: with auto-instrumentation),
+``STEPWATCH_OUT`` names the autosave file."""
 
 from __future__ import annotations
 
@@ -16,18 +17,25 @@ class ConfigError(ValueError):
     """An environment variable of stepwatch holds a value it does not understand."""
 
 
+def auto_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``STEPWATCH=auto`` asks for recording with auto-instrumentation."""
+    return environ.get(ENABLE_VARIABLE, "").strip().lower() == "auto"
+
+
 def enabled_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether ``STEPWATCH`` asks for recording; raises :class:`ConfigError` for a value that is neither."""
+    """Whether ``STEPWATCH`` asks for recording (``auto`` does too); raises :class:`ConfigError` for a value
+    that is none of these."""
     raw = environ.get(ENABLE_VARIABLE)
     if raw is None:
         return False
     value = raw.strip().lower()
-    if value in _TRUE:
+    if value in _TRUE or value == "auto":
         return True
     if value in _FALSE:
         return False
     raise ConfigError(
-        f"{ENABLE_VARIABLE}={raw!r} is not understood: use 1/true/yes/on to enable or 0/false/no/off to disable"
+        f"{ENABLE_VARIABLE}={raw!r} is not understood: use 1/true/yes/on to enable, auto to enable with"
+        " auto-instrumentation, or 0/false/no/off to disable"
     )
 
 

@@ -15,7 +15,7 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -103,10 +103,18 @@ def is_outermost(stack: list[Any]) -> bool:
 
 
 def iterate(
-    sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_name: str | None, source: Any = None
-) -> Iterator[T]:
+    sw: Stopwatch,
+    iterable: Iterable[T],
+    stage: str,
+    body: str,
+    phase_name: str | None,
+    source: Any = None,
+    driven: bool = False,
+) -> Generator[T, None, None]:
     """The generator behind :meth:`Stopwatch.timed_iter`; ``source``, when it is a DataLoader, has its
-    configuration recorded for the phase (the advice depends on it)."""
+    configuration recorded for the phase (the advice depends on it). A ``driven`` loop is advanced by hooks
+    rather than a ``for`` statement (auto-instrumentation's steps ended by optimizer steps): the step still
+    open when it closes is not a step, and is dropped."""
     clock = sw._clock
     stack = sw._thread_stack()
     local = sw._local  # replaced by a switch: then the stack is read again
@@ -121,7 +129,7 @@ def iterate(
     device_loop = _Loop(phase) if device is not None and own_phase else None
     loop_phase = phase if own_phase else None
     iterator: Any = None
-    site = LoopSite(sys._getframe(1), phase.name)  # the frame calling next() on this generator
+    site = LoopSite(None if driven else sys._getframe(1), phase.name)  # the frame calling next() on it
     if not outer:
         _check_enclosing(sw, site)
     sites = sw._loop_sites.setdefault(threading.get_ident(), [])
@@ -222,7 +230,11 @@ def iterate(
         stack = sw._thread_stack()
         if wait_frame is not None:  # an exception in next()
             close_frame(sw, stack, wait_frame, end, loop_phase if wait_frame[1] is wait_node else None)
-        if body_frame is not None:  # a body left early: break, return or an exception
+        if body_frame is not None and driven:  # no step ended it: not a step
+            if loop_phase is not None:
+                loop_phase.in_first_step = False
+            close_frame(sw, stack, body_frame, None, None)
+        elif body_frame is not None:  # a body left early: break, return or an exception
             end_step(sw, stack, body_frame, end, loop_phase, device_loop, first_body_node)
         if device_loop is not None and device is not None:
             device.loop_finished(device_loop)
@@ -312,3 +324,20 @@ def close_frame(
     if phase is not None:
         phase.loop_ns += elapsed
     return True
+
+
+def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
+    """Renames a phase recorded under a wrong name (auto-instrumentation guessed a loop's kind before it
+    ran); only when no loop of it is running and ``new`` is not taken. Returns whether it was renamed."""
+    with sw._lock:
+        phase = sw._phases.get(old)
+        if phase is None or new in sw._phases or any(site.phase == old for s in sw._loop_sites.values() for site in s):
+            return False
+        phase.name = new
+        sw._phases = {new if name == old else name: value for name, value in sw._phases.items()}
+        sw._phase_of_root[phase.root] = new
+        if old in sw._loader_configs:
+            sw._loader_configs[new] = sw._loader_configs.pop(old)
+        if old in sw._looped_phases:
+            sw._looped_phases = {new if name == old else name: None for name in sw._looped_phases}
+        return True

@@ -105,6 +105,7 @@ class Stopwatch(Results, ThreadStacks):
         self._hot = False
         self._was_enabled = False
         self.out: str | None = None
+        self._describe_auto: Callable[[], str] | None = None  # what auto-instrumentation found, for the report
         self._phases: dict[str, Phase] = {}
         self._phase_of_root: dict[Node, str] = {}
         self._stacks: dict[int, list[Frame]] = {}  # thread id -> its stack
@@ -147,18 +148,7 @@ class Stopwatch(Results, ThreadStacks):
         path = None if out is None else out_path(out)
         with self._lock:
             self.schedule = schedule
-            if self._device is None and self._device_spec is not None:
-                from ._device import make_backend
-
-                backend = make_backend(self._device_spec)
-                self._device = DeviceTimer(
-                    backend,
-                    sync=self.sync,
-                    nvtx=self.nvtx,
-                    fold=self._fold,
-                    stage_memory=self.memory == "stage",
-                    clock=self._clock,
-                )
+            self._open_device()
             if self._started_wall is None:
                 self._started_wall = time.time()
                 self._session_start_ns = self._clock()
@@ -170,6 +160,30 @@ class Stopwatch(Results, ThreadStacks):
 
             self.out = path
             install(self)
+
+    def _open_device(self) -> None:
+        if self._device is None and self._device_spec is not None:
+            from ._device import make_backend
+
+            self._device = DeviceTimer(
+                make_backend(self._device_spec),
+                sync=self.sync,
+                nvtx=self.nvtx,
+                fold=self._fold,
+                stage_memory=self.memory == "stage",
+                clock=self._clock,
+            )
+
+    def _use_device(self, device: Any) -> None:
+        """Time on ``device`` from now on (auto-instrumentation finds the model's device after the start):
+        blocks made from now are device blocks; loops started from now time the device."""
+        with self._lock:
+            if self._device_spec is not None:
+                return
+            self._device_spec = device
+            self._blocks.clear()
+            if self._enabled:
+                self._open_device()
 
     def disable(self) -> None:
         """Stop recording. What was recorded is kept; blocks still open are dropped, not half-counted."""

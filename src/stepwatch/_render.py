@@ -34,7 +34,9 @@ def render_text(summary: Summary) -> str:
     if not summary.phases:
         return "stepwatch: nothing recorded (is it enabled? set STEPWATCH=1 or call stepwatch.enable())\n"
     loaders = summary.metadata.get("loaders") or {}
-    sections = [_render_phase(phase, loaders.get(phase.name) or {}) for phase in summary.phases.values()]
+    found = summary.metadata.get("auto")
+    sections = [found + "\n"] if found else []
+    sections += [_render_phase(phase, loaders.get(phase.name) or {}) for phase in summary.phases.values()]
     sections.append(render_verdict(analyze(summary)))
     devices = summary.metadata.get("devices") or []
     footer = f"run: {summary.elapsed:.2f} s wall"

@@ -77,6 +77,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "device_error": None if stopwatch._device is None else stopwatch._device.error,
         "dropped_blocks": stopwatch._dropped_blocks,
         "loaders": {phase: dict(config) for phase, config in stopwatch._loader_configs.items()},
+        "auto": None if stopwatch._describe_auto is None else stopwatch._describe_auto(),
     }
 
 

@@ -165,6 +165,7 @@ def check_metadata(data: Any) -> None:
     if not isinstance(devices, list) or not all(isinstance(device, str) for device in devices):
         raise _fail("metadata.devices", "must be a list of strings")
     _optional_int(data.get("dropped_blocks"), "metadata.dropped_blocks")
+    _str(data.get("auto"), "metadata.auto")
     for phase, config in _dict(data.get("loaders") or {}, "metadata.loaders").items():
         for key, value in _dict(config, f"metadata.loaders.{phase}").items():
             if value is not None and not isinstance(value, (bool, int, str)):

@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a stage to gate with --fail-if-slower (a path like step/forward, or a name); repeatable",
     )
 
+    commands.add_parser("run", help="run a training program unchanged and report where its steps' time goes")
     commands.add_parser("demo", help="train a small CNN twice and show what stepwatch tells (demo --help)")
     return parser
 
@@ -105,6 +106,10 @@ def _compare(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code (2 for a bad file or bad arguments)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["run"]:  # the program's own arguments follow: parsed apart
+        from ._runner import main as run_main
+
+        return run_main(arguments[1:])
     if arguments[:1] == ["demo"]:  # the demo parses its own options
         from .demo import main as demo_main
 

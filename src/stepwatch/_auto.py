@@ -1,0 +1,444 @@
+"""Auto-instrumentation: the step breakdown of a program nobody edited.
+
+``stepwatch.auto()`` (or ``STEPWATCH=auto``, or ``stepwatch run train.py``) patches torch (see ``_patches``) so
+that every loop over a DataLoader is watched as ``watch(loader)`` would watch it, and the outermost forward,
+the loss module, backward, the optimizer step, ``zero_grad`` and host-to-device copies inside its steps are
+timed blocks of the default stopwatch. A loop that runs a backward is the ``train`` phase, one that does not is
+``val``; without any DataLoader, a step ends at each optimizer step. ``auto(False)`` removes every patch.
+
+Torch is never imported here: when it is not imported yet, the patches go on when the program imports it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import itertools
+import logging
+import multiprocessing
+import os
+import sys
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from threading import get_ident
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from . import _patches
+from ._tree import DEFAULT_PHASE
+
+if TYPE_CHECKING:
+    from ._blocks import Block
+    from ._recorder import Stopwatch
+
+logger = logging.getLogger("stepwatch")
+
+VAL_PHASE = "val"
+_SITE_DEPTH = 3
+"""Frames above ``DataLoader.__iter__`` that tell one loop from another (the same progress-bar library line
+serves every loop that uses it)."""
+_MAX_REMEMBERED = 1000
+
+
+class Found:
+    """What auto-instrumentation found and timed: the report's first line."""
+
+    def __init__(self) -> None:
+        self.loaders: dict[int, int] = {}  # id(loader) -> its workers
+        self.forward: dict[str, None] = {}
+        self.loss: dict[str, None] = {}
+        self.backward = False
+        self.optimizers: dict[str, None] = {}
+        self.zero_grad = False
+        self.h2d = False
+        self.driven = False
+        self.device: str | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.loaders:
+            workers = "/".join(str(w) for w in sorted(set(self.loaders.values())))
+            many = len(self.loaders)
+            parts.append(f"DataLoader ({workers} workers)" if many == 1 else f"{many} DataLoaders ({workers} workers)")
+        if self.driven:
+            parts.append("no DataLoader loop: each step ends at an optimizer step (making batches is in step/other)")
+        if not parts:
+            parts.append("no DataLoader loop and no optimizer step: no steps")
+        if self.forward:
+            parts.append("forward: " + "+".join(self.forward))
+        if self.loss:
+            parts.append("loss: " + "+".join(self.loss))
+        if self.backward:
+            parts.append("backward")
+        if self.optimizers:
+            parts.append("optimizer: " + "+".join(self.optimizers))
+        if self.zero_grad:
+            parts.append("zero_grad")
+        if self.h2d:
+            parts.append("h2d")
+        if self.device:
+            parts.append(f"device timing on {self.device}")
+        return "auto: " + ", ".join(parts)
+
+
+class _Plain:
+    """A DataLoader iterated by its own ``__iter__``, for the watch() that auto-instrumentation builds."""
+
+    def __init__(self, loader: Any, original_iter: Callable[[Any], Iterator[Any]]) -> None:
+        self.loader = loader
+        self._iter = original_iter
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class DrivenLoop:
+    """The steps of a program without a DataLoader loop: a timed loop advanced at each optimizer step."""
+
+    def __init__(self, stopwatch: Stopwatch) -> None:
+        from ._loops import iterate
+
+        self.thread = get_ident()
+        self._steps = iterate(stopwatch, itertools.repeat(None), "loader", "step", DEFAULT_PHASE, driven=True)
+        next(self._steps)
+
+    def tick(self) -> None:
+        next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+
+
+class AutoSession:
+    """One auto-instrumentation of a stopwatch: its patches, what it found, and which thread's loop runs."""
+
+    def __init__(self, stopwatch: Stopwatch, val_phase: str = VAL_PHASE, device: Any = "auto") -> None:
+        self.sw = stopwatch
+        self.val_phase = val_phase
+        self.device_choice = device
+        self.patches = _patches.Patches()
+        self.found = Found()
+        self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
+        self.loop_depth = 0
+        self.busy = 0  # auto blocks open (nested patched calls are plain)
+        self.open_blocks: list[Block] = []  # optimizer blocks opened by the pre-step hook
+        self.backward_calls = 0
+        self.driven: DrivenLoop | None = None
+        self.sites: dict[tuple[Any, ...], str] = {}  # where a loop runs -> "train" or "val", learned
+        self.last_model: weakref.ref[Any] | None = None
+        self.accelerator = False
+        self.torch: ModuleType | None = None
+
+    # -- installing ----------------------------------------------------------------------------------------
+
+    def install(self, torch: ModuleType) -> None:
+        """Patches torch, now imported; in a child process (a DataLoader worker, a spawned process) nothing."""
+        if self.torch is not None or multiprocessing.parent_process() is not None:
+            return
+        self.torch = torch
+        if self.device_choice not in ("auto", None, "none", "cpu"):
+            self._use_device(self.device_choice)
+        _patches.install(self.patches, torch, self.accelerator)
+
+    def uninstall(self) -> None:
+        if self.driven is not None:
+            self.driven.close()
+            self.driven = None
+        self.patches.undo()
+        self.loop_thread, self.loop_depth, self.busy = None, 0, 0
+        self.open_blocks.clear()
+
+    # -- what the wrappers ask -------------------------------------------------------------------------------
+
+    def module_stage(self, module: Any) -> str:
+        """The stage of an outermost module call: ``loss`` for a loss module, else ``forward``."""
+        torch = self.torch
+        name = type(module).__name__
+        if torch is not None and isinstance(module, torch.nn.modules.loss._Loss):
+            self.found.loss.setdefault(name, None)
+            return "loss"
+        if name not in self.found.forward:
+            self.found.forward[name] = None
+        self.last_model = weakref.ref(module)
+        return "forward"
+
+    def optimizer_stepped(self) -> None:
+        """After an optimizer step outside any DataLoader loop, the step ends (the first starts the loop)."""
+        if self.driven is not None:
+            if self.driven.thread == get_ident() and self.loop_depth == 1:
+                self.driven.tick()
+            return
+        if self.loop_thread is None and self.sw._enabled:
+            self._prepare_device()
+            self.loop_thread, self.loop_depth = get_ident(), 1
+            self.found.driven = True
+            self.driven = DrivenLoop(self.sw)
+
+    def _end_driven(self) -> None:
+        if self.driven is not None:
+            self.driven.close()
+            self.driven = None
+            self.loop_thread, self.loop_depth = None, 0
+
+    # -- DataLoader loops ------------------------------------------------------------------------------------
+
+    def loop(self, loader: Any, original_iter: Callable[[Any], Iterator[Any]]) -> Iterator[Any]:
+        """What ``for batch in loader`` iterates while auto-instrumenting: the watched loop."""
+        site = _site(sys._getframe(2))
+        here = get_ident()
+        nested = self.loop_thread == here and self.driven is None  # inside a DataLoader loop's step
+        kind = self._guess(site, nested)
+        if kind == "train" and self.driven is not None and self.driven.thread == here:
+            self._end_driven()  # a DataLoader training loop takes over the steps
+        if self.loop_thread is None:
+            self._prepare_device()
+        # a nested training loop (micro-batches) is part of the enclosing step, as with timed_iter
+        name = None if nested and kind == "train" else DEFAULT_PHASE if kind == "train" else self.val_phase
+        created = name is not None and name not in self.sw._phases
+        if len(self.found.loaders) < _MAX_REMEMBERED:
+            self.found.loaders.setdefault(id(loader), int(getattr(loader, "num_workers", 0) or 0))
+        watched = self.sw.watch(_Plain(loader, original_iter), phase=name, loaders=[loader])
+        return self._steps(watched, site, kind, name, created)
+
+    def _steps(self, watched: Any, site: tuple[Any, ...], kind: str, name: str | None, created: bool) -> Iterator[Any]:
+        thread = get_ident()
+        tracked = self.loop_thread in (None, thread)
+        if tracked:
+            self.loop_thread = thread
+            self.loop_depth += 1
+        backward_before = self.backward_calls
+        batches = 0
+        count = self.sw.count if name is not None else None  # a nested loop's batches are the enclosing one's
+        steps = iter(watched)
+        try:
+            for batch in steps:
+                batches += 1
+                if tracked and self.busy and self.loop_depth == 1:  # an optimizer step that raised, caught
+                    self.busy = 0
+                    self.open_blocks.clear()
+                if count is not None:
+                    size = batch_size(batch)
+                    if size:
+                        count(samples=size)
+                yield batch
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+            if tracked:
+                self.loop_depth -= 1
+                if self.loop_depth == 0:
+                    self.loop_thread = None
+            if batches:
+                self._learn(site, kind, name, created, self.backward_calls > backward_before)
+
+    def _guess(self, site: tuple[Any, ...], nested: bool) -> str:
+        """Train or val, as the loop starts: val under ``no_grad``/``inference_mode``; else what this loop
+        did before; else val if the model last called is in eval mode; else train, or val for a loop inside
+        another loop's step (validation every N steps)."""
+        torch = self.torch
+        if torch is not None and (not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
+            return "val"
+        known = self.sites.get(site)
+        if known is not None:
+            return known
+        model = self.last_model() if self.last_model is not None else None
+        if model is not None and not getattr(model, "training", True):
+            return "val"
+        return "val" if nested else "train"
+
+    def _learn(self, site: tuple[Any, ...], kind: str, name: str | None, created: bool, backward: bool) -> None:
+        """After a loop: remember what it was; if guessed wrong and its phase is its own, rename the phase."""
+        actual = "train" if backward else "val"
+        if len(self.sites) < _MAX_REMEMBERED:
+            self.sites[site] = actual
+        if actual == kind or not created or name is None:
+            return
+        from ._loops import rename_phase
+
+        rename_phase(self.sw, name, DEFAULT_PHASE if actual == "train" else self.val_phase)
+
+    # -- the device ------------------------------------------------------------------------------------------
+
+    def _prepare_device(self) -> None:
+        """Before a loop starts: time the device once the program uses an accelerator (CUDA initialized, or
+        the model last called lives on one), and patch host-to-device copies."""
+        if self.accelerator or self.device_choice != "auto" or self.torch is None:
+            return
+        torch = self.torch
+        device = None
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_available() and cuda.is_initialized():
+            device = f"cuda:{cuda.current_device()}"
+        else:
+            model = self.last_model() if self.last_model is not None else None
+            parameter = next(model.parameters(), None) if model is not None else None
+            if parameter is not None and parameter.device.type == "cuda":
+                device = str(parameter.device)
+        if device is not None:
+            self._use_device(device)
+            _patches.install_h2d(self.patches, torch)
+
+    def _use_device(self, device: Any) -> None:
+        self.accelerator = True
+        self.found.device = str(device)
+        try:
+            self.sw._use_device(device)
+        except Exception as error:  # device timing is extra: the program runs on without it
+            self.found.device = None
+            logger.warning("stepwatch: no device timing on %s: %s", device, error)
+
+
+def batch_size(batch: Any, depth: int = 0) -> int | None:
+    """The samples in a batch: the first dimension of its first tensor or array (in a tuple, list or dict)."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        try:
+            return int(shape[0]) if len(shape) else None
+        except (TypeError, ValueError):
+            return None
+    if depth < 3:
+        if isinstance(batch, (list, tuple)) and batch:
+            return batch_size(batch[0], depth + 1)
+        if isinstance(batch, Mapping):
+            for value in batch.values():
+                return batch_size(value, depth + 1)
+    return None
+
+
+def _site(frame: Any) -> tuple[Any, ...]:
+    site = []
+    for _ in range(_SITE_DEPTH):
+        if frame is None:
+            break
+        site.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(site)
+
+
+def wrap_loader_iter(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
+    """``DataLoader.__iter__`` while auto-instrumenting: loops are watched when the stopwatch is on."""
+
+    def __iter__(loader: Any) -> Iterator[Any]:
+        current = _patches.session
+        if current is None or not current.sw._enabled:
+            return original(loader)
+        return current.loop(loader, original)
+
+    __iter__.__wrapped__ = original  # type: ignore[attr-defined]
+    __iter__.__doc__ = original.__doc__
+    return __iter__
+
+
+class _TorchImported(importlib.abc.MetaPathFinder):
+    """Calls back once ``torch`` has been imported by the program, so that stepwatch never imports it."""
+
+    def __init__(self, callback: Callable[[ModuleType], None]) -> None:
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if fullname != "torch":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return None
+        execute = loader.exec_module
+        callback = self.callback
+
+        def exec_module(module: ModuleType) -> None:
+            execute(module)
+            _remove_finder()
+            try:
+                callback(module)
+            except Exception as error:  # the program's own import must succeed, instrumented or not
+                logger.error("stepwatch: auto-instrumentation failed, the program runs uninstrumented: %s", error)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_finder: _TorchImported | None = None
+
+
+def _remove_finder() -> None:
+    global _finder
+    if _finder is not None and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    _finder = None
+
+
+def auto(on: bool = True, *, val_phase: str = VAL_PHASE, device: Any = "auto") -> None:
+    """Instrument the program's training loop without changing its code (see the module's docstring), on
+    the default stopwatch, which this enables. ``val_phase`` names the loops that run no backward; ``device``
+    is ``"auto"`` (time the device once the program uses CUDA), ``"none"``, or a device to time from the
+    start. ``auto(False)`` removes every patch and hook; what was recorded stays."""
+    global _finder
+    from . import _default
+    from ._blocks import check_name
+
+    current = _patches.session
+    if current is not None:
+        current.uninstall()
+        _patches.session = None
+        _default._describe_auto = None
+    _remove_finder()
+    if not on:
+        return
+    check_name(val_phase, "phase")
+    if val_phase == DEFAULT_PHASE:
+        raise ValueError(f"val_phase must differ from {DEFAULT_PHASE!r}, the phase of loops that run a backward")
+    session = AutoSession(_default, val_phase, device)
+    _patches.session = session
+    _default._describe_auto = session.found.describe
+    if not _default.is_enabled():
+        _default.enable()
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "utils"):
+        session.install(torch)
+    else:
+        _finder = _TorchImported(session.install)
+        sys.meta_path.insert(0, _finder)
+
+
+def run_file(program: str, module: bool = False) -> str:
+    """The default run file of a program: named after its script (``train.py`` -> ``train.stepwatch.json``)
+    or module, in the current directory."""
+    name = program if module else os.path.splitext(os.path.basename(program))[0]
+    return os.path.abspath(f"{name or 'stepwatch'}.stepwatch.json")
+
+
+def _main_program() -> tuple[str, bool]:
+    """What ``python`` runs: a script's path, or a module's name (``-m``), as ``sys.orig_argv`` says."""
+    argv = list(getattr(sys, "orig_argv", []))
+    for index, argument in enumerate(argv[1:], 1):
+        if argument == "-m" and index + 1 < len(argv):
+            return argv[index + 1], True
+        if argument in ("-c", "-") or not argument.startswith("-"):
+            return ("" if argument.startswith("-") else argument), False
+    return (sys.argv[0] if sys.argv and sys.argv[0] not in ("-c", "-m", "-") else ""), False
+
+
+def start_from_env() -> None:
+    """``STEPWATCH=auto``: record the program with auto-instrumentation, save the run to ``STEPWATCH_OUT``
+    (else a file named after the program) and print the report when it ends. A process that records
+    nothing (a helper launched with the variable inherited) writes nothing."""
+    from . import _autosave, _default
+    from ._config import out_from_env
+
+    out = out_from_env() or run_file(*_main_program())
+    _default.enable(out=out)
+    _autosave.install(_default, report=True, skip_empty=True)
+    auto()
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) keeps the patches of its parent but never times with them."""
+    _patches.session = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,219 @@
+"""The patches auto-instrumentation puts on torch: each wraps one call, keeps its signature, arguments, return
+value and exceptions, and times it only when the session says a step of its loop is running on this thread.
+
+- ``DataLoader.__iter__``: a loop over a DataLoader is watched as ``watch(loader)`` would watch it;
+- ``nn.Module.__call__``: the outermost module call of a step is ``forward`` (``loss`` for a loss module);
+- ``Tensor.backward`` and ``torch.autograd.backward``: ``backward``;
+- torch's global optimizer step hooks: ``optimizer``; ``Optimizer.zero_grad`` and ``Module.zero_grad``:
+  ``zero_grad``;
+- ``Tensor.to`` and ``Tensor.cuda`` from host to an accelerator, outside forward: ``h2d`` (only patched when
+  an accelerator is in use).
+
+Every wrapper first reads :data:`session`: ``None`` (stepwatch not auto-instrumenting, or a forked child)
+makes it a plain call. Inside an auto block (``session.busy``) nested calls are plain too, so submodules,
+backward inside an optimizer's closure and copies inside forward are not timed twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from threading import get_ident
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._auto import AutoSession
+
+logger = logging.getLogger("stepwatch")
+
+session: AutoSession | None = None
+"""The running auto-instrumentation, read by every wrapper; None when off."""
+
+
+def _timed(name: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    current = session
+    assert current is not None
+    current.busy += 1
+    try:
+        with current.sw.timed(name):
+            return call(*args, **kwargs)
+    finally:
+        current.busy -= 1
+
+
+def _timing(current: AutoSession | None) -> bool:
+    """Whether a patched call made now on this thread is timed: a step of the session's loop is running
+    here, no auto block is open, and the stopwatch is measuring."""
+    return (
+        current is not None
+        and not current.busy
+        and current.loop_thread == get_ident()
+        and current.sw._measuring is True
+    )
+
+
+def wrap_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+        current = session
+        if current is None or current.busy or current.loop_thread != get_ident() or current.sw._measuring is not True:
+            return original(module, *args, **kwargs)
+        return _timed(current.module_stage(module), original, module, *args, **kwargs)
+
+    return __call__
+
+
+def wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        current = session
+        if current is None:
+            return original(*args, **kwargs)
+        current.backward_calls += 1
+        if not _timing(current):
+            return original(*args, **kwargs)
+        current.found.backward = True
+        return _timed("backward", original, *args, **kwargs)
+
+    return backward
+
+
+def wrap_zero_grad(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def zero_grad(*args: Any, **kwargs: Any) -> Any:
+        if not _timing(session):
+            return original(*args, **kwargs)
+        return _timed("zero_grad", original, *args, **kwargs)
+
+    return zero_grad
+
+
+def moves_to_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` names a device other than the host: a device string or
+    ``torch.device`` (``"cuda"``, ``"cuda:1"``, ``"mps"``, ``"meta"``), a device index, or another tensor's
+    device. A dtype alone, or the host, is not a move."""
+    device = kwargs.get("device")
+    if device is None and args:
+        first = args[0]
+        if isinstance(first, (str, int)) or type(first).__name__ == "device":
+            device = first
+        elif hasattr(first, "device") and hasattr(first, "dtype") and hasattr(first, "shape"):  # a tensor
+            device = first.device
+    if device is None or isinstance(device, bool):
+        return False
+    if isinstance(device, int):
+        return True  # an accelerator's index
+    kind = device.split(":", 1)[0] if isinstance(device, str) else getattr(device, "type", "cpu")
+    return bool(kind != "cpu")
+
+
+def wrap_to(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _timing(session) or tensor.device.type != "cpu" or not moves_to_device(args, kwargs):
+            return original(tensor, *args, **kwargs)
+        return _timed("h2d", original, tensor, *args, **kwargs)
+
+    return to
+
+
+def wrap_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def cuda(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _timing(session) or tensor.device.type != "cpu":
+            return original(tensor, *args, **kwargs)
+        return _timed("h2d", original, tensor, *args, **kwargs)
+
+    return cuda
+
+
+def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Torch's global hook before every ``Optimizer.step``: opens the ``optimizer`` block."""
+    current = session
+    if not _timing(current):
+        return
+    assert current is not None
+    current.found.optimizers.setdefault(type(optimizer).__name__, None)
+    block = current.sw.timed("optimizer")
+    block.__enter__()
+    current.open_blocks.append(block)
+    current.busy += 1
+
+
+def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Torch's global hook after every ``Optimizer.step``: closes the ``optimizer`` block; without a
+    DataLoader loop, the step ends here."""
+    current = session
+    if current is None or current.loop_thread not in (None, get_ident()):
+        return
+    if current.open_blocks:
+        current.busy -= 1
+        current.open_blocks.pop().__exit__(None, None, None)
+    current.optimizer_stepped()
+
+
+class Patches:
+    """What was patched, to undo it: attributes replaced on torch's classes and modules, and hook handles."""
+
+    def __init__(self) -> None:
+        self._replaced: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original or None, wrapper)
+        self._handles: list[Any] = []
+
+    def replace(self, owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Sets ``owner.name`` to ``wrap(original)``; an attribute inherited from a base class (``Tensor.to``
+        comes from ``TensorBase``) is shadowed, and the shadow deleted on undo."""
+        own = vars(owner).get(name)
+        wrapper = wrap(getattr(owner, name))
+        setattr(owner, name, wrapper)
+        self._replaced.append((owner, name, own, wrapper))
+
+    def hook(self, handle: Any) -> None:
+        self._handles.append(handle)
+
+    def patched(self, owner: Any, name: str) -> bool:
+        return any(o is owner and n == name for o, n, _, _ in self._replaced)
+
+    def undo(self) -> None:
+        """Restores every original, newest first; one that was patched again over stepwatch's is left as it
+        is (undoing it would remove the other patch too), and said."""
+        for owner, name, original, wrapper in reversed(self._replaced):
+            if vars(owner).get(name) is wrapper:
+                if original is None:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, original)
+            else:
+                logger.warning(
+                    "stepwatch: %s.%s was replaced again after stepwatch patched it; left as it is",
+                    getattr(owner, "__name__", owner),
+                    name,
+                )
+        self._replaced.clear()
+        for handle in reversed(self._handles):
+            handle.remove()
+        self._handles.clear()
+
+
+def install(patches: Patches, torch: Any, accelerator: bool) -> None:
+    """Puts every patch on ``torch`` (already imported); ``accelerator`` adds the host-to-device copies."""
+    from torch.optim import optimizer as optim_module
+
+    from ._auto import wrap_loader_iter
+
+    patches.replace(torch.utils.data.DataLoader, "__iter__", wrap_loader_iter)
+    patches.replace(torch.nn.Module, "__call__", wrap_module_call)
+    patches.replace(torch.Tensor, "backward", wrap_backward)
+    patches.replace(torch.autograd, "backward", wrap_backward)
+    patches.replace(torch.optim.Optimizer, "zero_grad", wrap_zero_grad)
+    patches.replace(torch.nn.Module, "zero_grad", wrap_zero_grad)
+    patches.hook(optim_module.register_optimizer_step_pre_hook(optimizer_pre_hook))
+    patches.hook(optim_module.register_optimizer_step_post_hook(optimizer_post_hook))
+    if accelerator:
+        install_h2d(patches, torch)
+
+
+def install_h2d(patches: Patches, torch: Any) -> None:
+    if not patches.patched(torch.Tensor, "to"):
+        patches.replace(torch.Tensor, "to", wrap_to)
+        patches.replace(torch.Tensor, "cuda", wrap_cuda)
