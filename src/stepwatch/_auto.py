@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import _patches
+from ._loops import is_empty, rename_phase
 from ._tree import DEFAULT_PHASE
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class Found:
         self.h2d = False
         self.driven = False
         self.device: str | None = None
+        self.active = True  # instrumenting; once not, a reset() of the stopwatch forgets this description
 
     def describe(self) -> str:
         parts = []
@@ -98,17 +100,25 @@ class _Plain:
 class DrivenLoop:
     """The steps of a program without a DataLoader loop: a timed loop advanced at each optimizer step."""
 
-    def __init__(self, stopwatch: Stopwatch) -> None:
+    def __init__(self, session: AutoSession) -> None:
         from ._loops import iterate
 
         self.thread = get_ident()
-        self._steps = iterate(stopwatch, itertools.repeat(None), "loader", "step", DEFAULT_PHASE, driven=True)
+        self._session = session
+        self._steps = iterate(session.sw, itertools.repeat(None), "loader", "step", DEFAULT_PHASE, driven=True)
         next(self._steps)
+        self._blocks_at_step = session.blocks
 
     def tick(self) -> None:
         next(self._steps)
+        self._blocks_at_step = self._session.blocks
 
     def close(self) -> None:
+        """Ends the steps. The time since the last optimizer step is a step of its own if stages were timed in
+        it (a final evaluation: its blocks are already counted under ``step``, so the step must be too), else
+        it is not a step and is dropped."""
+        if self._session.blocks != self._blocks_at_step:
+            self.tick()
         self._steps.close()
 
 
@@ -124,6 +134,7 @@ class AutoSession:
         self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
         self.loop_depth = 0
         self.busy = 0  # auto blocks open (nested patched calls are plain)
+        self.blocks = 0  # auto blocks opened so far
         self.open_blocks: list[Block] = []  # optimizer blocks opened by the pre-step hook
         self.backward_calls = 0
         self.driven: DrivenLoop | None = None
@@ -175,7 +186,7 @@ class AutoSession:
             self._prepare_device()
             self.loop_thread, self.loop_depth = get_ident(), 1
             self.found.driven = True
-            self.driven = DrivenLoop(self.sw)
+            self.driven = DrivenLoop(self)
 
     def _end_driven(self) -> None:
         if self.driven is not None:
@@ -197,7 +208,8 @@ class AutoSession:
             self._prepare_device()
         # a nested training loop (micro-batches) is part of the enclosing step, as with timed_iter
         name = None if nested and kind == "train" else DEFAULT_PHASE if kind == "train" else self.val_phase
-        created = name is not None and name not in self.sw._phases
+        existing = self.sw._phases.get(name) if name is not None else None
+        created = name is not None and (existing is None or is_empty(existing))
         if len(self.found.loaders) < _MAX_REMEMBERED:
             self.found.loaders.setdefault(id(loader), int(getattr(loader, "num_workers", 0) or 0))
         watched = self.sw.watch(_Plain(loader, original_iter), phase=name, loaders=[loader])
@@ -257,8 +269,6 @@ class AutoSession:
             self.sites[site] = actual
         if actual == kind or not created or name is None:
             return
-        from ._loops import rename_phase
-
         rename_phase(self.sw, name, DEFAULT_PHASE if actual == "train" else self.val_phase)
 
     # -- the device ------------------------------------------------------------------------------------------
@@ -383,14 +393,18 @@ def auto(on: bool = True, *, val_phase: str = VAL_PHASE, device: Any = "auto") -
     current = _patches.session
     if current is not None:
         current.uninstall()
+        current.found.active = False  # what it found still describes the run, until a reset
         _patches.session = None
-        _default._describe_auto = None
     _remove_finder()
     if not on:
         return
     check_name(val_phase, "phase")
     if val_phase == DEFAULT_PHASE:
         raise ValueError(f"val_phase must differ from {DEFAULT_PHASE!r}, the phase of loops that run a backward")
+    from ._autosave import _at_end
+
+    if _end_steps not in _at_end:
+        _at_end.append(_end_steps)
     session = AutoSession(_default, val_phase, device)
     _patches.session = session
     _default._describe_auto = session.found.describe
@@ -433,6 +447,13 @@ def start_from_env() -> None:
     _default.enable(out=out)
     _autosave.install(_default, report=True, skip_empty=True)
     auto()
+
+
+def _end_steps() -> None:
+    """Before the final save: steps ended by optimizer steps are closed, so that the run adds up."""
+    current = _patches.session
+    if current is not None:
+        current._end_driven()
 
 
 def _forget_in_child() -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ _reports: dict[int, tuple[Stopwatch, bool]] = {}
 """Stopwatches whose report goes to stderr when the program ends (``stepwatch run``, ``STEPWATCH=auto``), each
 with whether a run with nothing recorded is skipped (neither saved nor reported: a helper process that
 inherited ``STEPWATCH=auto``)."""
+_at_end: list[Callable[[], None]] = []
+"""Called before the final save: what must close for the run to add up (auto-instrumentation's steps)."""
 _hooks_lock = threading.Lock()
 _hooks_installed = False
 _previous_signal_handlers: dict[int, Any] = {}
@@ -69,6 +72,12 @@ def save_all(reason: str, final: bool = True) -> None:
     these hooks and a stale copy of the recording) or spawned (which inherit ``STEPWATCH_OUT``)."""
     if os.getpid() != _owner_pid or multiprocessing.parent_process() is not None:
         return
+    if final:
+        for callback in _at_end:
+            try:
+                callback()
+            except Exception as error:  # the save must still happen
+                logger.error("stepwatch: at %s: %s", reason, error)
     for stopwatch in list(_installed.values()):
         if stopwatch.out is None or (_reports.get(id(stopwatch), (None, False))[1] and not stopwatch._phases):
             continue

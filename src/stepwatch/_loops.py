@@ -20,7 +20,7 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._device import _Loop
-from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, pop_frame
+from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, collect, pop_frame
 from ._watch import loader_config
 
 if TYPE_CHECKING:
@@ -331,8 +331,13 @@ def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
     ran); only when no loop of it is running and ``new`` is not taken. Returns whether it was renamed."""
     with sw._lock:
         phase = sw._phases.get(old)
-        if phase is None or new in sw._phases or any(site.phase == old for s in sw._loop_sites.values() for site in s):
+        taken = sw._phases.get(new)
+        running = any(site.phase == old for sites in sw._loop_sites.values() for site in sites)
+        if phase is None or running or (taken is not None and not is_empty(taken)):
             return False
+        if taken is not None:  # left empty by a reset: replaced
+            del sw._phases[new]
+            sw._phase_of_root.pop(taken.root, None)
         phase.name = new
         sw._phases = {new if name == old else name: value for name, value in sw._phases.items()}
         sw._phase_of_root[phase.root] = new
@@ -341,3 +346,10 @@ def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
         if old in sw._looped_phases:
             sw._looped_phases = {new if name == old else name: None for name in sw._looped_phases}
         return True
+
+
+def is_empty(phase: Phase) -> bool:
+    """Whether nothing is recorded in ``phase`` (it may be left from before a reset)."""
+    stages: dict[str, Any] = {}
+    collect(phase.root, stages)
+    return not (stages or phase.counters or phase.workers or phase.steps)

@@ -35,6 +35,7 @@ def _timed(name: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     current = session
     assert current is not None
     current.busy += 1
+    current.blocks += 1
     try:
         with current.sw.timed(name):
             return call(*args, **kwargs)
@@ -82,8 +83,10 @@ def wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 def wrap_zero_grad(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def zero_grad(*args: Any, **kwargs: Any) -> Any:
-        if not _timing(session):
+        current = session
+        if not _timing(current):
             return original(*args, **kwargs)
+        current.found.zero_grad = True  # type: ignore[union-attr]
         return _timed("zero_grad", original, *args, **kwargs)
 
     return zero_grad
@@ -111,8 +114,10 @@ def moves_to_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 def wrap_to(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _timing(session) or tensor.device.type != "cpu" or not moves_to_device(args, kwargs):
+        current = session
+        if not _timing(current) or tensor.device.type != "cpu" or not moves_to_device(args, kwargs):
             return original(tensor, *args, **kwargs)
+        current.found.h2d = True  # type: ignore[union-attr]
         return _timed("h2d", original, tensor, *args, **kwargs)
 
     return to
@@ -121,8 +126,10 @@ def wrap_to(original: Callable[..., Any]) -> Callable[..., Any]:
 def wrap_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def cuda(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _timing(session) or tensor.device.type != "cpu":
+        current = session
+        if not _timing(current) or tensor.device.type != "cpu":
             return original(tensor, *args, **kwargs)
+        current.found.h2d = True  # type: ignore[union-attr]
         return _timed("h2d", original, tensor, *args, **kwargs)
 
     return cuda
@@ -139,6 +146,7 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     block.__enter__()
     current.open_blocks.append(block)
     current.busy += 1
+    current.blocks += 1
 
 
 def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -203,6 +203,9 @@ class Stopwatch(Results, ThreadStacks):
             for phase in self._phases.values():
                 phase.clear()
             self._clear_run()
+            found = getattr(self._describe_auto, "__self__", None)
+            if found is not None and not getattr(found, "active", True):  # auto-instrumentation has ended
+                self._describe_auto = None
             if self._enabled:
                 self._started_wall = time.time()
                 self._session_start_ns = self._clock()

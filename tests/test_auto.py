@@ -1,0 +1,318 @@
+"""Auto-instrumentation in this process: what it patches and how it undoes it, the stages it finds, phases it
+names, user blocks nesting, and calls keeping their behaviour. The unchanged programs are in test_run."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.optim import optimizer as optim_module
+from torch.utils.data import DataLoader, TensorDataset
+
+import stepwatch
+from stepwatch import _patches
+from stepwatch._auto import batch_size
+from stepwatch._patches import moves_to_device
+
+from .conftest import PYTHON, subprocess_env
+from .realtime_device import RealtimeDevice
+
+PATCHED = [
+    (torch.utils.data.DataLoader, "__iter__"),
+    (torch.nn.Module, "__call__"),
+    (torch.nn.Module, "zero_grad"),
+    (torch.Tensor, "backward"),
+    (torch.autograd, "backward"),
+    (torch.optim.Optimizer, "zero_grad"),
+]
+
+
+@pytest.fixture
+def auto() -> Iterator[None]:
+    stepwatch.auto()
+    try:
+        yield
+    finally:
+        stepwatch.auto(False)
+        stepwatch.disable()
+        stepwatch.reset()
+
+
+def train(epochs: int = 1, batches: int = 4, body: Any = None) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8 * batches, 4), torch.randint(0, 2, (8 * batches,))), batch_size=8)
+    for _ in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if body is not None:
+                body(model, x)
+    return model
+
+
+def test_auto_patches_and_auto_false_restores_the_very_originals() -> None:
+    before = {(owner, name): vars(owner).get(name) for owner, name in PATCHED}
+    signatures = {(owner, name): inspect.signature(getattr(owner, name)) for owner, name in PATCHED}
+    hooks = len(optim_module._global_optimizer_pre_hooks)
+    stepwatch.auto()
+    try:
+        for owner, name in PATCHED:
+            assert vars(owner).get(name) is not before[(owner, name)], name
+            assert inspect.signature(getattr(owner, name)) == signatures[(owner, name)], name
+        assert len(optim_module._global_optimizer_pre_hooks) == hooks + 1
+        assert stepwatch.is_enabled()
+    finally:
+        stepwatch.auto(False)
+        stepwatch.disable()
+    for owner, name in PATCHED:
+        assert vars(owner).get(name) is before[(owner, name)], name
+    assert "to" not in vars(torch.Tensor) and "cuda" not in vars(torch.Tensor)
+    assert len(optim_module._global_optimizer_pre_hooks) == hooks
+    assert _patches.session is None
+
+
+def test_nothing_is_patched_unless_asked() -> None:
+    code = (
+        "import stepwatch, torch\n"
+        "from torch.optim import optimizer\n"
+        "stepwatch.enable()\n"
+        "assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl\n"
+        "assert not hasattr(torch.utils.data.DataLoader.__iter__, '__wrapped__')\n"
+        "assert not optimizer._global_optimizer_pre_hooks\n"
+        "assert 'to' not in vars(torch.Tensor)\n"
+        "print('clean')\n"
+    )
+    for env in ({}, {"STEPWATCH": "1"}):
+        result = subprocess.run([PYTHON, "-c", code], env=subprocess_env(**env), capture_output=True, text=True)
+        assert result.stdout == "clean\n", result.stderr
+
+
+def test_auto_before_torch_is_imported_patches_when_it_is() -> None:
+    code = (
+        "import sys, stepwatch\n"
+        "stepwatch.auto()\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch\n"
+        "assert torch.nn.Module.__call__ is not torch.nn.Module._wrapped_call_impl\n"
+        "stepwatch.auto(False)\n"
+        "assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True)
+    assert result.stdout == "ok\n", result.stderr
+
+
+def test_stages_once_per_step_and_user_blocks_nest_where_they_run(auto: None) -> None:
+    def body(model: nn.Module, x: torch.Tensor) -> None:
+        with stepwatch.timed("mine"):
+            model(x)  # a forward inside the user's own block: nested under it
+
+    train(epochs=2, batches=4, body=body)
+    summary = stepwatch.summary()
+    train_phase = summary.phases["train"]
+    assert train_phase.steps == 6
+    for path in ("step/forward", "step/loss", "step/backward", "step/optimizer", "step/zero_grad", "step/mine"):
+        assert train_phase.stages[path].calls == 6, path
+    assert train_phase.stages["step/mine/forward"].calls == 6
+    assert not any(path.count("forward") > 1 for path in train_phase.stages)  # submodules are not stages
+    assert summary.metadata["auto"] == (
+        "auto: DataLoader (0 workers), forward: Sequential, loss: CrossEntropyLoss, backward, optimizer: SGD, zero_grad"
+    )
+    assert stepwatch.report().startswith(summary.metadata["auto"] + "\n")
+
+
+def test_patched_calls_keep_results_and_exceptions(auto: None) -> None:
+    model = nn.Linear(3, 1)
+    loader = DataLoader(TensorDataset(torch.randn(12, 3)), batch_size=4)
+    for index, (x,) in enumerate(loader):
+        assert torch.equal(model(x), torch.nn.functional.linear(x, model.weight, model.bias))
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            torch.ones(2).sum().backward()
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+            model(torch.ones(2, 5))
+        model(x).sum().backward()
+        if index == 1:
+            break
+    # the second step (the first is apart), left by break: its three forward calls, the failed one included
+    assert stepwatch.summary().phases["train"].stages["step/forward"].calls == 3
+    batches = list(DataLoader(TensorDataset(torch.arange(4)), batch_size=2))
+    assert [batch[0].tolist() for batch in batches] == [[0, 1], [2, 3]]
+
+
+def test_a_loop_under_no_grad_or_in_eval_mode_is_val(auto: None) -> None:
+    model = train(epochs=1, batches=3)
+    loader = DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=8)
+    with torch.no_grad():
+        for (x,) in loader:
+            model(x)
+    model.eval()
+    for (x,) in DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=8):  # a new loop, grad enabled
+        with torch.no_grad():
+            model(x)
+    phases = stepwatch.summary().phases
+    assert phases["train"].steps == 2 and phases["val"].steps == 4
+    assert phases["val"].stages["step/forward"].calls == 4
+    assert phases["val"].counters["samples"] == 32
+
+
+def test_a_loop_guessed_train_that_runs_no_backward_is_renamed_val(auto: None) -> None:
+    model = nn.Linear(4, 2)  # training mode, grad enabled: an inference loop looks like training at its start
+    for (x,) in DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=8):
+        model(x)
+    assert list(stepwatch.summary().phases) == ["val"]
+
+
+def test_the_val_phase_name_is_the_users() -> None:
+    stepwatch.auto(val_phase="eval")
+    try:
+        model = nn.Linear(4, 2)
+        with torch.no_grad():
+            for (x,) in DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8):
+                model(x)
+        assert list(stepwatch.summary().phases) == ["eval"]
+    finally:
+        stepwatch.auto(False)
+        stepwatch.disable()
+        stepwatch.reset()
+    with pytest.raises(ValueError, match="must differ"):
+        stepwatch.auto(val_phase="train")
+    assert _patches.session is None
+
+
+def test_validation_inside_a_training_step_is_its_own_phase(auto: None) -> None:
+    val_loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8)
+
+    def body(model: nn.Module, x: torch.Tensor) -> None:
+        model.eval()
+        for (v,) in val_loader:  # grad still enabled: the loop inside a step is taken for validation
+            with torch.no_grad():
+                model(v)
+        model.train()
+
+    train(epochs=1, batches=3, body=body)
+    phases = stepwatch.summary().phases
+    assert phases["train"].steps == 2 and phases["train"].stages["step/forward"].calls == 2
+    assert phases["val"].steps == 3 and phases["val"].stages["step/forward"].calls == 3
+
+
+def test_without_dataloader_steps_end_at_optimizer_steps_and_auto_false_ends_them(auto: None) -> None:
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(64, 4)
+    for step in range(10):
+        loss = model(data[step * 6 : step * 6 + 6]).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print("after the last step: no stage timed, so not a step")
+    stepwatch.auto(False)
+    train_phase = stepwatch.summary().phases["train"]
+    assert train_phase.steps == 8  # the first optimizer step starts the loop, the second ends its first step
+    assert train_phase.stages["step/forward"].calls == 8 and train_phase.stages["step/optimizer"].calls == 8
+    assert "each step ends at an optimizer step" in stepwatch.summary().metadata["auto"]  # kept after auto(False)
+
+
+def test_stages_timed_after_the_last_optimizer_step_make_one_last_step(auto: None) -> None:
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(5):
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.randn(3, 4))  # a final evaluation: its forwards are counted, so is its time
+    stepwatch.auto(False)
+    train_phase = stepwatch.summary().phases["train"]
+    assert train_phase.steps == 4
+    assert train_phase.stages["step/forward"].calls == 3 + 4 and train_phase.stages["step/optimizer"].calls == 3
+    assert train_phase.stages["step"].total >= train_phase.stages["step/forward"].total
+
+
+def test_calls_from_other_threads_are_not_stages_of_the_step(auto: None) -> None:
+    model = nn.Linear(4, 2)
+    other = threading.Thread(target=lambda: [model(torch.randn(2, 4)) for _ in range(5)])
+
+    def body(model_: nn.Module, x: torch.Tensor) -> None:
+        if not other.is_alive() and other.ident is None:
+            other.start()
+            other.join()
+
+    train(epochs=1, batches=3, body=body)
+    assert stepwatch.summary().phases["train"].stages["step/forward"].calls == 2
+
+
+def test_host_to_device_copies_outside_forward_are_h2d(auto: None) -> None:
+    """CPU-only here: the meta device stands in for an accelerator (a real one is in scripts/gpu_check.py)."""
+    session = _patches.session
+    assert session is not None and "to" not in vars(torch.Tensor)  # CPU-only: not patched
+    _patches.install_h2d(session.patches, torch)
+
+    class Moving(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x.to("meta")  # inside forward: part of forward
+            return x
+
+    model = Moving()
+    for (x,) in DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4):
+        x.to("meta", non_blocking=True)
+        x.to(torch.float64)  # a dtype: no copy to a device
+        x.to("cpu")
+        model(x)
+    stages = stepwatch.summary().phases["val"].stages
+    assert stages["step/h2d"].calls == 3
+    assert "step/forward/h2d" not in stages
+    assert session.found.describe().endswith(", h2d")
+
+
+def test_moves_to_device_reads_every_form_of_tensor_to() -> None:
+    meta = torch.empty(1, device="meta")
+    assert moves_to_device(("cuda",), {})
+    assert moves_to_device(("cuda:1",), {"non_blocking": True})
+    assert moves_to_device((torch.device("mps"),), {})
+    assert moves_to_device((0,), {})
+    assert moves_to_device((), {"device": "cuda", "dtype": torch.float16})
+    assert moves_to_device((meta,), {})
+    assert not moves_to_device((torch.float16,), {})
+    assert not moves_to_device(("cpu",), {})
+    assert not moves_to_device((torch.ones(1),), {})
+    assert not moves_to_device((), {"dtype": torch.float16})
+    assert not moves_to_device((True,), {})
+
+
+def test_batch_size_of_common_batch_shapes() -> None:
+    assert batch_size(torch.zeros(5, 3)) == 5
+    assert batch_size((torch.zeros(7, 2), torch.zeros(7))) == 7
+    assert batch_size({"input_ids": torch.zeros(3, 9), "labels": torch.zeros(3)}) == 3
+    assert batch_size([[torch.zeros(2, 1)]]) == 2
+    assert batch_size(torch.tensor(1.0)) is None
+    assert batch_size(["a", "b"]) is None
+    assert batch_size(object()) is None
+
+
+def test_device_timing_is_on_when_a_device_is_given() -> None:
+    device = RealtimeDevice()
+    stepwatch.auto(device=device)
+    try:
+        train(epochs=1, batches=3)
+        summary = stepwatch.summary()
+        assert summary.phases["train"].stages["step/forward"].device is not None
+        assert "device timing on" in summary.metadata["auto"]
+    finally:
+        stepwatch.auto(False)
+        stepwatch.disable()
+        stepwatch.reset()
+        stepwatch._default._device = None
+        stepwatch._default._device_spec = None
+        stepwatch._default._blocks.clear()
+        device.close()

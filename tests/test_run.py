@@ -1,0 +1,254 @@
+"""Zero code: unmodified training programs (tests/programs, which never import stepwatch) run by ``stepwatch run``
+and by ``STEPWATCH=auto python``, in real subprocesses, against the same programs run by plain ``python``."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import stepwatch
+
+from .conftest import OVERHEAD_S, PYTHON, subprocess_env
+
+PROGRAMS = Path(__file__).parent / "programs"
+CNN = str(PROGRAMS / "cnn.py")
+LM = str(PROGRAMS / "lm.py")
+TRAIN_STAGES = ("loader", "step", "step/forward", "step/loss", "step/backward", "step/optimizer", "step/zero_grad")
+
+pytestmark = pytest.mark.slow
+
+
+def run(args: list[str], cwd: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, *args], cwd=cwd, env=subprocess_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def stepwatch_run(program: list[str], cwd: Path, out: Path | None = None) -> subprocess.CompletedProcess[str]:
+    options = ["-o", str(out)] if out is not None else []
+    return run(["-m", "stepwatch", "run", *options, *program], cwd)
+
+
+def final_loss(stdout: str) -> str:
+    found = re.search(r"final loss (\S+)", stdout)
+    assert found, stdout
+    return found.group(1)
+
+
+def check_train(summary: stepwatch.Summary, epochs: int, batches: int) -> stepwatch.PhaseSummary:
+    """The training phase has every stage, once per measured step (an epoch's first step is apart)."""
+    train = summary.phases["train"]
+    steps = epochs * (batches - 1)
+    assert train.steps == steps
+    for path in TRAIN_STAGES:
+        assert train.stages[path].calls == steps, (path, train.stages[path].calls)
+    assert train.counters["samples"] == 16 * steps  # counted from the batches, first steps apart
+    return train
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cnn_gets_the_full_breakdown_and_the_same_loss(tmp_path: Path, workers: int) -> None:
+    program = [CNN, "--workers", str(workers), "--samples", "96"]
+    plain = run(program, tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    watched = stepwatch_run(program, tmp_path)
+    assert watched.returncode == 0, watched.stderr
+    assert final_loss(watched.stdout) == final_loss(plain.stdout)  # bit-identical
+
+    out = tmp_path / "cnn.stepwatch.json"  # the default: named after the script, in the current directory
+    assert f"run saved to {out.name}" in watched.stderr
+    summary = stepwatch.load(out)
+    check_train(summary, epochs=2, batches=6)
+    val = summary.phases["val"]  # the loop under no_grad, without backward
+    assert val.steps == 2 * 1 and val.stages["step/forward"].calls == 2
+    assert not any(path.endswith("backward") for path in val.stages)
+    assert summary.metadata["auto"] == (
+        f"auto: 2 DataLoaders (0/{workers} workers), forward: SmallCNN, loss: CrossEntropyLoss, backward,"
+        " optimizer: SGD, zero_grad"
+        if workers
+        else "auto: 2 DataLoaders (0 workers), forward: SmallCNN, loss: CrossEntropyLoss, backward,"
+        " optimizer: SGD, zero_grad"
+    )
+    assert watched.stderr.startswith(summary.metadata["auto"] + "\n")  # the report's first line
+    assert "verdict:" in watched.stderr
+    if workers:
+        train = summary.phases["train"]
+        assert train.stages["loader/dataset"].in_workers and train.stages["loader/collate"].in_workers
+        assert train.stages["loader/dataset"].calls == 16 * 5 * 2
+        assert sorted(train.workers) == [0, 1]
+        assert sum(worker.batches for worker in train.workers.values()) == 6 * 2  # the first batches too
+
+
+def test_gradient_accumulation_counts_optimizer_steps_apart(tmp_path: Path) -> None:
+    program = [CNN, "--accum", "2", "--samples", "160", "--epochs", "1"]
+    plain = run(program, tmp_path)
+    watched = stepwatch_run(program, tmp_path, tmp_path / "run.json")
+    assert watched.returncode == 0, watched.stderr
+    assert final_loss(watched.stdout) == final_loss(plain.stdout)
+    train = stepwatch.load(tmp_path / "run.json").phases["train"]
+    assert train.steps == 9
+    assert train.stages["step/forward"].calls == train.stages["step/backward"].calls == 9
+    # 10 batches, an optimizer step after every second one: steps 2, 4, ... 10, the first batch's step apart
+    assert train.stages["step/optimizer"].calls == train.stages["step/zero_grad"].calls == 5
+
+
+def test_amp_grad_scaler_backward_is_seen(tmp_path: Path) -> None:
+    program = [CNN, "--amp", "--samples", "64", "--epochs", "1"]
+    plain = run(program, tmp_path)
+    watched = stepwatch_run(program, tmp_path, tmp_path / "run.json")
+    assert watched.returncode == 0, watched.stderr
+    assert final_loss(watched.stdout) == final_loss(plain.stdout)
+    check_train(stepwatch.load(tmp_path / "run.json"), epochs=1, batches=4)
+
+
+def test_a_busy_dataset_shows_as_loader_time(tmp_path: Path) -> None:
+    watched = stepwatch_run([CNN, "--busy-ms", "2", "--samples", "64", "--epochs", "1"], tmp_path, tmp_path / "r.json")
+    assert watched.returncode == 0, watched.stderr
+    truth = int(re.search(r"busy ns (\d+)", watched.stdout).group(1)) * 1e-9  # type: ignore[union-attr]
+    assert truth >= 64 * 0.002
+    train = stepwatch.load(tmp_path / "r.json").phases["train"]
+    reads = train.stages["loader/dataset"].total + train.stages["first_batch/dataset"].total
+    assert truth <= reads <= truth + 64 * OVERHEAD_S  # every read, first batch included
+    # a steady wait is its reads and its collate, plus the sampler's and the fetcher's work: within 5%, and its
+    # share of the loop within 2 points of the share its reads and collate alone would have
+    loader, inside = train.stages["loader"], train.stages["loader/dataset"].total + train.stages["loader/collate"].total
+    assert loader.calls == 3
+    assert inside <= loader.total <= inside * 1.05
+    assert abs(train.share("loader") - inside / train.measured) < 0.02
+    assert train.share("loader") > 0.5  # 32 ms of reading per batch against a step of a few ms
+    assert "input-bound" in watched.stderr
+
+
+def test_loop_without_dataloader_has_steps_ended_by_optimizer_steps(tmp_path: Path) -> None:
+    plain = run([LM, "30"], tmp_path)
+    watched = stepwatch_run([LM, "30"], tmp_path)
+    assert watched.returncode == 0, watched.stderr
+    assert final_loss(watched.stdout) == final_loss(plain.stdout)
+    summary = stepwatch.load(tmp_path / "lm.stepwatch.json")
+    assert "each step ends at an optimizer step" in summary.metadata["auto"]
+    assert "each step ends at an optimizer step" in watched.stderr
+    train = summary.phases["train"]
+    # the first optimizer step starts the loop, the second ends its one-off first step: 28 measured steps
+    assert train.steps == 28
+    for path in ("step/zero_grad", "step/backward", "step/optimizer"):
+        assert train.stages[path].calls == 28
+    # the loss estimates under no_grad (at steps 10 and 20) run inside measured steps: 3 forwards each
+    assert train.stages["step/forward"].calls == 28 + 2 * 3
+
+
+def test_exit_codes_and_tracebacks_are_the_programs(tmp_path: Path) -> None:
+    failed = stepwatch_run([CNN, "--epochs", "1", "--samples", "32", "--fail"], tmp_path, tmp_path / "f.json")
+    plain = run([CNN, "--epochs", "1", "--samples", "32", "--fail"], tmp_path)
+    assert failed.returncode == plain.returncode == 1
+    traceback = failed.stderr[failed.stderr.index("Traceback") : failed.stderr.index("RuntimeError: diverged")]
+    assert traceback == plain.stderr[plain.stderr.index("Traceback") : plain.stderr.index("RuntimeError: diverged")]
+    assert "stepwatch" not in traceback and "runpy" not in traceback
+    assert failed.stderr.index("RuntimeError: diverged") < failed.stderr.index("verdict:")  # report below it
+    assert stepwatch.load(tmp_path / "f.json").phases["train"].steps == 1
+
+    exited = stepwatch_run([CNN, "--epochs", "1", "--samples", "32", "--exit", "3"], tmp_path, tmp_path / "e.json")
+    assert exited.returncode == 3
+    assert stepwatch.load(tmp_path / "e.json").phases["train"].steps == 1
+    assert "verdict:" in exited.stderr
+
+
+def _wait_and_signal(command: list[str], cwd: Path, signum: int) -> subprocess.CompletedProcess[str]:
+    def default_sigint() -> None:  # a shell that starts the suite in the background leaves SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    process = subprocess.Popen(
+        [PYTHON, *command],
+        cwd=cwd,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    assert process.stdout is not None
+    try:
+        for line in process.stdout:
+            if line.startswith("waiting"):
+                break
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_the_run_and_reports(tmp_path: Path, signum: int) -> None:
+    out = tmp_path / "s.json"
+    result = _wait_and_signal(
+        ["-m", "stepwatch", "run", "-o", str(out), CNN, "--epochs", "1", "--samples", "32", "--wait"],
+        tmp_path,
+        signum,
+    )
+    assert result.returncode == -signum  # died of the signal, as python would
+    assert "verdict:" in result.stderr
+    if signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in result.stderr
+    assert stepwatch.load(out).phases["train"].steps == 1
+
+
+def test_module_runs_like_python_dash_m(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(PROGRAMS)}
+    plain = run(["-m", "cnn", "--epochs", "1", "--samples", "32"], tmp_path, **env)
+    watched = run(["-m", "stepwatch", "run", "-m", "cnn", "--epochs", "1", "--samples", "32"], tmp_path, **env)
+    assert watched.returncode == 0, watched.stderr
+    assert final_loss(watched.stdout) == final_loss(plain.stdout)
+    assert stepwatch.load(tmp_path / "cnn.stepwatch.json").phases["train"].steps == 1
+
+
+def test_the_program_sees_what_python_gives_it(tmp_path: Path) -> None:
+    script = tmp_path / "sub" / "show.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import sys\nprint(repr(sys.argv), repr(sys.path[0]), repr(__file__), __name__)\n"
+        "import pickle\nclass Thing: pass\nprint(pickle.loads(pickle.dumps(Thing())).__class__.__module__)\n"
+    )
+    plain = run([str(script.relative_to(tmp_path)), "a", "--b"], tmp_path)
+    watched = run(["-m", "stepwatch", "run", "-q", str(script.relative_to(tmp_path)), "a", "--b"], tmp_path)
+    assert watched.returncode == plain.returncode == 0, watched.stderr
+    assert watched.stdout == plain.stdout
+    assert "'sub/show.py', 'a', '--b'" in plain.stdout and "__main__" in plain.stdout
+    assert watched.stderr == ""  # --quiet: no report
+
+
+def test_bad_invocations_exit_2_with_one_line(tmp_path: Path) -> None:
+    for args, message in (
+        ([], "give a script to run"),
+        (["missing.py"], "missing.py: no such file"),
+        (["--warmup", "-1", CNN], "warmup"),
+        (["--val-phase", "a/b", CNN], "must not contain '/'"),
+    ):
+        result = run(["-m", "stepwatch", "run", *args], tmp_path)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+
+
+def test_stepwatch_auto_environment_instruments_an_unchanged_program(tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    plain = run([CNN, "--epochs", "1", "--samples", "48", "--workers", "2"], tmp_path)
+    watched = run(
+        [CNN, "--epochs", "1", "--samples", "48", "--workers", "2"], tmp_path, STEPWATCH="auto", STEPWATCH_OUT=str(out)
+    )
+    assert watched.returncode == 0, watched.stderr
+    assert final_loss(watched.stdout) == final_loss(plain.stdout)
+    summary = stepwatch.load(out)
+    check_train(summary, epochs=1, batches=3)
+    assert summary.phases["train"].stages["loader/dataset"].in_workers
+    assert watched.stderr.startswith("auto: 2 DataLoaders")
+    assert not list(tmp_path.glob("*.stepwatch.json"))  # the workers wrote nothing of their own
+
+
+def test_stepwatch_auto_in_a_process_that_records_nothing_writes_nothing(tmp_path: Path) -> None:
+    result = run(["-c", "import torch; print(torch.ones(2).sum().item())"], tmp_path, STEPWATCH="auto")
+    assert result.returncode == 0 and result.stdout == "2.0\n" and result.stderr == ""
+    assert os.listdir(tmp_path) == []
