@@ -13,7 +13,7 @@ The module-level functions use one default :class:`Stopwatch`; create more for i
 
 from __future__ import annotations
 
-from ._auto import auto
+from ._autostart import auto
 from ._config import ConfigError, auto_from_env, enabled_from_env, out_from_env
 from ._recorder import Stopwatch
 from ._render import FORMATS
@@ -83,7 +83,7 @@ def render(run: Summary, format: str = "text") -> str:
 
 
 if auto_from_env():
-    from ._auto import start_from_env
+    from ._autostart import start_from_env
 
     start_from_env()
 elif enabled_from_env():

@@ -80,7 +80,7 @@ def main(arguments: Sequence[str]) -> int:
         print(f"stepwatch run: {program[0]}: no such file", file=sys.stderr)
         return 2
     from . import _autosave, _default
-    from ._auto import auto, run_file
+    from ._autostart import auto, run_file
 
     target = args.module if args.module is not None else program[0]
     try:
