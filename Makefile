@@ -33,6 +33,7 @@ bench: setup
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/workers.py
+	$(BIN)/python benchmarks/auto.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

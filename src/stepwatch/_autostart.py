@@ -130,10 +130,10 @@ def start_from_env() -> None:
 
 
 def _end_steps() -> None:
-    """Before the final save: steps ended by optimizer steps are closed, so that the run adds up."""
-    current = _patches.session
-    if current is not None:
-        current._end_driven()
+    """Before the final save, as the program ends: steps ended by optimizer steps are closed, so that the run
+    adds up, and every patch comes off."""
+    if _patches.session is not None:
+        auto(False)
 
 
 def _forget_in_child() -> None:

@@ -166,10 +166,43 @@ class TimedGetItems:
                 return self.inner(indices)
         block = stopwatch.timed("dataset")
         dataset = self.dataset
-        samples = []
+        samples: list[Any] = []
+        append = samples.append
+        if stopwatch._measuring is not True or stopwatch._device is not None:
+            for index in indices:
+                with block:
+                    append(dataset[index])
+            return samples
+        # the block's work, inlined: a sample read by the training process itself (no workers) is often a
+        # microsecond, and every one of them is on the training thread's clock
+        local = stopwatch._local
+        stack = stopwatch._thread_stack()
+        parent = stack[-1][1]
+        node = parent.children.get("dataset") or stopwatch._add_child(parent, "dataset")
+        buf = node.buf
+        clock = stopwatch._clock
+        position = 0
         for index in indices:
-            with block:
-                samples.append(dataset[index])
+            start = clock()
+            frame = (block, node, start)
+            stack.append(frame)
+            try:
+                append(dataset[index])
+            finally:
+                end = clock()
+                if stack[-1] is frame:
+                    del stack[-1]
+                    buf.append(end - start)
+                elif stopwatch._local is local and stopwatch._hot:
+                    stopwatch._unwind(stack, block)  # blocks left open inside the read: as Block does
+            position += 1
+            if stopwatch._local is not local or stopwatch._measuring is not True:  # switched inside the read
+                for rest in list(indices)[position:]:
+                    with block:
+                        append(dataset[rest])
+                break
+        if len(buf) >= 1024:  # FOLD (_tree imports this module)
+            stopwatch._fold(node)
         return samples
 
 

@@ -1,7 +1,7 @@
 """A small CNN trained on synthetic images: an ordinary training script that never imports stepwatch.
 
 The tests run it with and without ``stepwatch run`` and compare. Options: --workers, --epochs, --accum
-(gradient accumulation), --amp (CPU autocast with a GradScaler), --busy-ms (a busy-wait in each sample's read,
+(gradient accumulation), --spawn (workers started by spawn), --amp (CPU autocast with a GradScaler), --busy-ms (a busy-wait in each sample's read,
 whose total this main process reports when --workers is 0), --fail / --exit N (how it ends), --wait (hang
 after training until a signal comes)."""
 
@@ -48,6 +48,7 @@ class SmallCNN(nn.Module):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--spawn", action="store_true", help="start the workers with spawn")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=192)
     parser.add_argument("--accum", type=int, default=1)
@@ -64,7 +65,12 @@ def main():
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", enabled=args.amp)
-    train = DataLoader(Images(args.samples, args.busy_ms / 1e3), batch_size=16, num_workers=args.workers)
+    train = DataLoader(
+        Images(args.samples, args.busy_ms / 1e3),
+        batch_size=16,
+        num_workers=args.workers,
+        multiprocessing_context="spawn" if args.spawn else None,
+    )
     val = DataLoader(Images(64, 0.0), batch_size=32)
     for epoch in range(args.epochs):
         model.train()

@@ -1,0 +1,130 @@
+"""What auto-instrumentation adds to a training step, against the plain loop and against hand-written blocks
+(not a test).
+
+One unmodified loop (a DataLoader, forward, loss, backward, optimizer step and zero_grad on a ~2 ms CPU step)
+runs three ways, in alternating order within each repeat: plain (stepwatch off, nothing patched), under
+``stepwatch.auto()`` (what ``stepwatch run`` and ``STEPWATCH=auto`` do, in this process so that interpreter
+start-up does not drown the per-step figure), and with the same stages written by hand (``watch`` and
+``timed``). Medians of the paired differences over repeats resist the machine's drift. Writes
+``benchmarks/results/auto.json`` and prints the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import stepwatch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build(steps: int) -> tuple[nn.Module, Any, Any, DataLoader[Any]]:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(384, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = TensorDataset(torch.randn(64 * steps, 384), torch.randn(64 * steps, 1))
+    return model, optimizer, nn.MSELoss(), DataLoader(data, batch_size=64)
+
+
+def plain(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any]) -> float:
+    """The program as its author wrote it: nanoseconds per step."""
+    start = time.perf_counter_ns()
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return (time.perf_counter_ns() - start) / len(loader)
+
+
+def by_hand(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any]) -> float:
+    """The same stages, written by hand with stepwatch's API."""
+    start = time.perf_counter_ns()
+    for x, y in stepwatch.watch(loader):
+        with stepwatch.timed("forward"):
+            out = model(x)
+        with stepwatch.timed("loss"):
+            loss = criterion(out, y)
+        with stepwatch.timed("backward"):
+            loss.backward()
+        with stepwatch.timed("optimizer"):
+            optimizer.step()
+        with stepwatch.timed("zero_grad"):
+            optimizer.zero_grad()
+        stepwatch.count(samples=len(y))
+    return (time.perf_counter_ns() - start) / len(loader)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=200, help="training steps per run")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", default=str(RESULTS / "auto.json"))
+    args = parser.parse_args()
+    model, optimizer, criterion, loader = build(args.steps)
+
+    def run(way: str) -> float:
+        if way == "plain":
+            return plain(model, optimizer, criterion, loader)
+        if way == "auto":
+            stepwatch.auto()
+            try:
+                return plain(model, optimizer, criterion, loader)  # the very same code, patched
+            finally:
+                stepwatch.auto(False)
+                stepwatch.disable()
+        stepwatch.enable()
+        try:
+            return by_hand(model, optimizer, criterion, loader)
+        finally:
+            stepwatch.disable()
+
+    ways = ["plain", "auto", "by hand"]
+    for way in ways:  # warm every path once
+        run(way)
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    auto_vs_plain, auto_vs_hand = [], []
+    for repeat in range(args.repeats):
+        order = ways if repeat % 2 else list(reversed(ways))
+        this = {way: run(way) for way in order}
+        for way in ways:
+            times[way].append(this[way])
+        auto_vs_plain.append(this["auto"] - this["plain"])
+        auto_vs_hand.append(this["auto"] - this["by hand"])
+        stepwatch.reset()
+    step = statistics.median(times["plain"])
+    added = statistics.median(auto_vs_plain)
+    figures = {
+        "step_ns_plain": step,
+        "step_ns_auto": statistics.median(times["auto"]),
+        "step_ns_by_hand": statistics.median(times["by hand"]),
+        "auto_added_ns_per_step_median_paired": added,
+        "auto_minus_by_hand_ns_per_step_median_paired": statistics.median(auto_vs_hand),
+    }
+    share = added / step
+    result = {
+        "figures": figures,
+        "targets": {"auto adds < 2% of the step": {"value": share, "limit": 0.02, "met": share < 0.02}},
+        "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
+        "config": {"steps": args.steps, "repeats": args.repeats},
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for name, value in figures.items():
+        print(f"{name:48s} {value / 1e3:10.1f} µs")
+    print(f"auto adds {share:.2%} of a {step / 1e6:.2f} ms step (target < 2%): {'met' if share < 0.02 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
