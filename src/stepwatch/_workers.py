@@ -181,8 +181,7 @@ class TimedGetItems:
         node = parent.children.get("dataset") or stopwatch._add_child(parent, "dataset")
         buf = node.buf
         clock = stopwatch._clock
-        position = 0
-        for index in indices:
+        for position, index in enumerate(indices, 1):
             start = clock()
             frame = (block, node, start)
             stack.append(frame)
@@ -195,7 +194,6 @@ class TimedGetItems:
                     buf.append(end - start)
                 elif stopwatch._local is local and stopwatch._hot:
                     stopwatch._unwind(stack, block)  # blocks left open inside the read: as Block does
-            position += 1
             if stopwatch._local is not local or stopwatch._measuring is not True:  # switched inside the read
                 for rest in list(indices)[position:]:
                     with block:

@@ -1,9 +1,9 @@
 """A small CNN trained on synthetic images: an ordinary training script that never imports stepwatch.
 
 The tests run it with and without ``stepwatch run`` and compare. Options: --workers, --epochs, --accum
-(gradient accumulation), --spawn (workers started by spawn), --amp (CPU autocast with a GradScaler), --busy-ms (a busy-wait in each sample's read,
-whose total this main process reports when --workers is 0), --fail / --exit N (how it ends), --wait (hang
-after training until a signal comes)."""
+(gradient accumulation), --spawn (workers started by spawn), --amp (CPU autocast with a GradScaler),
+--busy-ms (a busy-wait in each sample's read, whose total this main process reports when --workers is 0),
+--fail / --exit N (how it ends), --wait (hang after training until a signal comes)."""
 
 import argparse
 import sys
