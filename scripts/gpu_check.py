@@ -5,7 +5,8 @@
 Asserts: device times of a known matmul are positive and plausible; no synchronize happens in the hot path in
 async mode; stage device times add up to within 5% of the step's; an input-starved loop shows a high GPU idle
 share and a GPU-bound loop a low one; the peak memory of a stage that allocates a known tensor is at least
-that tensor's size. Prints one line per check and writes the figures as JSON.
+that tensor's size; an unchanged loop under ``stepwatch.auto()`` gets ``h2d`` and device times. Prints one line
+per check and writes the figures as JSON.
 """
 
 from __future__ import annotations
@@ -68,6 +69,28 @@ def run_loop(torch: Any, device: CountingDevice, steps: int, load_s: float, size
     before_summary = device.synchronize_calls
     summary = sw.summary()
     return sw, summary, before_summary
+
+
+def auto_loop(torch: Any) -> Any:
+    """A plain training loop run under ``stepwatch.auto()``: the model moved to CUDA before the loop starts."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    stepwatch.auto()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        criterion = torch.nn.CrossEntropyLoss()
+        data = TensorDataset(torch.randn(64 * 20, 512), torch.randint(0, 10, (64 * 20,)))
+        for x, y in DataLoader(data, batch_size=64, pin_memory=True):
+            x, y = x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True)
+            loss = criterion(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return stepwatch.summary()
+    finally:
+        stepwatch.auto(False)
+        stepwatch.disable()
 
 
 def main() -> int:
@@ -134,6 +157,19 @@ def main() -> int:
     peak = sw.summary().stages["allocate"].peak_allocated or 0
     figures["peak_allocate_bytes"] = peak
     checks.append(("peak memory >= known tensor", peak >= size_bytes, f"{peak / 2**20:.1f} MiB >= 256 MiB"))
+
+    # 6. auto-instrumentation: an unchanged loop on CUDA gets h2d and device times with no stepwatch call in it
+    auto_summary = auto_loop(torch)
+    auto_stages = auto_summary.phases["train"].stages
+    found = auto_summary.metadata.get("auto") or ""
+    figures["auto"] = found
+    checks.append(
+        (
+            "auto: h2d timed, forward has device time",
+            "step/h2d" in auto_stages and auto_stages["step/forward"].device is not None,
+            found,
+        )
+    )
 
     figures["reports"] = {"gpu_bound": stepwatch.render(bound), "input_starved": stepwatch.render(starved)}
     figures["checks"] = [{"check": name, "passed": ok, "detail": detail} for name, ok, detail in checks]

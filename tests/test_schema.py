@@ -72,7 +72,28 @@ def worker_run() -> dict[str, Any]:
     return json.loads(summary_to_json(sw.summary()))
 
 
-RUNS = {"cpu": cpu_run(), "device": device_run(), "workers": worker_run()}
+def auto_run() -> dict[str, Any]:
+    """A loop recorded by auto-instrumentation: its metadata says what was found."""
+    import torch
+
+    stepwatch.auto()
+    try:
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for (x,) in DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=2):
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        document = json.loads(summary_to_json(stepwatch.summary()))
+        assert document["metadata"]["auto"].startswith("auto: DataLoader")
+        return document
+    finally:
+        stepwatch.auto(False)
+        stepwatch.disable()
+        stepwatch.reset()
+
+
+RUNS = {"cpu": cpu_run(), "device": device_run(), "workers": worker_run(), "auto": auto_run()}
 
 
 def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -108,11 +108,14 @@ def run_file(program: str, module: bool = False) -> str:
 def _main_program() -> tuple[str, bool]:
     """What ``python`` runs: a script's path, or a module's name (``-m``), as ``sys.orig_argv`` says."""
     argv = list(getattr(sys, "orig_argv", []))
-    for index, argument in enumerate(argv[1:], 1):
+    index = 1
+    while index < len(argv):
+        argument = argv[index]
         if argument == "-m" and index + 1 < len(argv):
             return argv[index + 1], True
         if argument in ("-c", "-") or not argument.startswith("-"):
             return ("" if argument.startswith("-") else argument), False
+        index += 2 if argument in ("-X", "-W", "--check-hash-based-pycs") else 1  # options with a value
     return (sys.argv[0] if sys.argv and sys.argv[0] not in ("-c", "-m", "-") else ""), False
 
 
