@@ -316,3 +316,20 @@ def test_device_timing_is_on_when_a_device_is_given() -> None:
         stepwatch._default._device_spec = None
         stepwatch._default._blocks.clear()
         device.close()
+
+
+def test_a_compiled_model_keeps_its_graph_and_its_results(auto: None) -> None:
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    compiled = torch.compile(model, backend="eager")
+    reference = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    reference.load_state_dict(model.state_dict())
+    counters.clear()
+    for (x,) in DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=8):
+        assert torch.equal(compiled(x), reference(x))
+    assert not counters["graph_break"]
+    found = _patches.session.found  # type: ignore[union-attr]
+    assert "OptimizedModule(Sequential)" in found.forward
+    torch._dynamo.reset()

@@ -196,6 +196,24 @@ def test_a_signal_saves_the_run_and_reports(tmp_path: Path, signum: int) -> None
     assert stepwatch.load(out).phases["train"].steps == 1
 
 
+def test_window_and_device_options(tmp_path: Path) -> None:
+    out = tmp_path / "w.json"
+    program = [CNN, "--epochs", "1", "--samples", "96"]
+    result = run(["-m", "stepwatch", "run", "--warmup", "1", "--active", "2", "-o", str(out), *program], tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = stepwatch.load(out)
+    assert summary.phases["train"].steps == 2 and summary.phases["train"].stages["step/forward"].calls == 2
+    assert summary.metadata["config"]["warmup"] == 1 and summary.metadata["config"]["active"] == 2
+    # a device this machine lacks: one warning, and the program runs on, uninstrumented on the device side
+    cuda = run(["-m", "stepwatch", "run", "--device", "cuda", "-o", str(out), *program], tmp_path)
+    assert cuda.returncode == 0, cuda.stderr
+    assert "no device timing on cuda" in cuda.stderr
+    assert final_loss(cuda.stdout) == final_loss(result.stdout)
+    after = stepwatch.load(out)
+    assert after.phases["train"].stages["step/forward"].calls == 5  # every step, timed on the CPU
+    assert after.metadata["config"]["device"] is None and "device timing" not in after.metadata["auto"]
+
+
 def test_module_runs_like_python_dash_m(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(PROGRAMS)}
     plain = run(["-m", "cnn", "--epochs", "1", "--samples", "32"], tmp_path, **env)

@@ -164,6 +164,9 @@ class AutoSession:
         """The stage of an outermost module call: ``loss`` for a loss module, else ``forward``."""
         torch = self.torch
         name = type(module).__name__
+        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)  # compiled, DDP, DP
+        if inner is not None and torch is not None and isinstance(inner, torch.nn.Module):
+            name = f"{name}({type(inner).__name__})"
         if torch is not None and isinstance(module, torch.nn.modules.loss._Loss):
             self.found.loss.setdefault(name, None)
             return "loss"

@@ -181,9 +181,13 @@ class Stopwatch(Results, ThreadStacks):
             if self._device_spec is not None:
                 return
             self._device_spec = device
+            try:
+                if self._enabled:
+                    self._open_device()
+            except BaseException:
+                self._device_spec = None  # the device cannot be opened: nothing changes
+                raise
             self._blocks.clear()
-            if self._enabled:
-                self._open_device()
 
     def disable(self) -> None:
         """Stop recording. What was recorded is kept; blocks still open are dropped, not half-counted."""
