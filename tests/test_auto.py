@@ -78,8 +78,30 @@ def test_auto_patches_and_auto_false_restores_the_very_originals() -> None:
     for owner, name in PATCHED:
         assert vars(owner).get(name) is before[(owner, name)], name
     assert "to" not in vars(torch.Tensor) and "cuda" not in vars(torch.Tensor)
+    assert not hooks_after_training_left_behind()
     assert len(optim_module._global_optimizer_pre_hooks) == hooks
     assert _patches.session is None
+
+
+def hooks_after_training_left_behind() -> list[str]:
+    """Trains under auto(), then auto(False): what is left on the loader that was watched."""
+
+    def collate(batch: Any) -> Any:
+        return torch.utils.data.default_collate(batch)
+
+    loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4, collate_fn=collate)
+    stepwatch.auto()
+    try:
+        for _ in loader:
+            pass
+        assert loader.collate_fn is not collate  # watched while auto is on
+    finally:
+        stepwatch.auto(False)
+        stepwatch.disable()
+        stepwatch.reset()
+    left = [name for name in ("_get_iterator", "__getitems__") if name in vars(loader) or name in vars(loader.dataset)]
+    left += ["collate_fn"] if loader.collate_fn is not collate else []
+    return left + (["worker_init_fn"] if loader.worker_init_fn is not None else [])
 
 
 def test_nothing_is_patched_unless_asked() -> None:

@@ -129,6 +129,7 @@ class AutoSession:
         self.found = Found()
         self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
         self.loop_depth = 0
+        self.instrumented: weakref.WeakSet[Any] = weakref.WeakSet()  # the DataLoaders watched, to undo
         self.busy = 0  # auto blocks open (nested patched calls are plain)
         self.blocks = 0  # auto blocks opened so far
         self.open_blocks: list[Block] = []  # optimizer blocks opened by the pre-step hook
@@ -155,6 +156,11 @@ class AutoSession:
             self.driven.close()
             self.driven = None
         self.patches.undo()
+        from ._watch import uninstrument
+
+        for loader in list(self.instrumented):
+            uninstrument(loader)
+        self.instrumented.clear()
         self.loop_thread, self.loop_depth, self.busy = None, 0, 0
         self.open_blocks.clear()
 
@@ -212,6 +218,10 @@ class AutoSession:
         if len(self.found.loaders) < _MAX_REMEMBERED:
             self.found.loaders.setdefault(id(loader), int(getattr(loader, "num_workers", 0) or 0))
         watched = self.sw.watch(_Plain(loader, original_iter), phase=name, loaders=[loader])
+        try:
+            self.instrumented.add(loader)
+        except TypeError:  # a loader that takes no weak reference stays instrumented (it works all the same)
+            pass
         return self._steps(watched, site, kind, name, created)
 
     def _steps(self, watched: Any, site: tuple[Any, ...], kind: str, name: str | None, created: bool) -> Iterator[Any]:

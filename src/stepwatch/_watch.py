@@ -203,6 +203,19 @@ def find_loaders(iterable: Any) -> list[Any]:
     return found
 
 
+def uninstrument(loader: Any) -> None:
+    """Undoes :func:`_instrument` on a loader (auto-instrumentation ending). Iterators that unwrap batches
+    stay while the loader keeps persistent workers started instrumented: those keep wrapping their batches."""
+    collate = loader.__dict__.get("collate_fn")
+    if isinstance(collate, TimedCollate):
+        loader.collate_fn = collate.collate_fn
+    init = loader.__dict__.get("worker_init_fn")
+    if isinstance(init, WorkerInit):
+        loader.worker_init_fn = init.worker_init_fn
+    if isinstance(loader.__dict__.get("_get_iterator"), Unwrapping) and loader.__dict__.get("_iterator") is None:
+        del loader.__dict__["_get_iterator"]
+
+
 def _instrument(loader: Any, stopwatch: Stopwatch) -> tuple[Unwrapping, TimedCollate, WorkerInit]:
     """Instruments a DataLoader in place (its iterators, ``collate_fn`` and ``worker_init_fn``)."""
     unwrapping = _install_unwrapping(loader)
