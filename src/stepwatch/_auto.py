@@ -10,6 +10,7 @@ timed blocks of the default stopwatch. A loop that runs a backward is the ``trai
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -218,10 +219,8 @@ class AutoSession:
         if len(self.found.loaders) < _MAX_REMEMBERED:
             self.found.loaders.setdefault(id(loader), int(getattr(loader, "num_workers", 0) or 0))
         watched = self.sw.watch(_Plain(loader, original_iter), phase=name, loaders=[loader])
-        try:
+        with contextlib.suppress(TypeError):  # a loader without weak references stays instrumented (and works)
             self.instrumented.add(loader)
-        except TypeError:  # a loader that takes no weak reference stays instrumented (it works all the same)
-            pass
         return self._steps(watched, site, kind, name, created)
 
     def _steps(self, watched: Any, site: tuple[Any, ...], kind: str, name: str | None, created: bool) -> Iterator[Any]:
