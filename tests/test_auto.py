@@ -193,6 +193,11 @@ def test_a_loop_guessed_train_that_runs_no_backward_is_renamed_val(auto: None) -
     for (x,) in DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=8):
         model(x)
     assert list(stepwatch.summary().phases) == ["val"]
+    assert stepwatch.summary().phases["val"].stages["step/forward"].calls == 2
+    with stepwatch.timed("after"):  # outside any loop: the train phase's root, which the move left in place
+        pass
+    phases = stepwatch.summary().phases
+    assert phases["train"].stages["after"].calls == 1 and "after" not in phases["val"].stages
 
 
 def test_the_val_phase_name_is_the_users() -> None:

@@ -156,14 +156,14 @@ def test_exit_codes_and_tracebacks_are_the_programs(tmp_path: Path) -> None:
     assert "verdict:" in exited.stderr
 
 
-def _wait_and_signal(command: list[str], cwd: Path, signum: int) -> subprocess.CompletedProcess[str]:
+def _wait_and_signal(command: list[str], cwd: Path, signum: int, **env: str) -> subprocess.CompletedProcess[str]:
     def default_sigint() -> None:  # a shell that starts the suite in the background leaves SIGINT ignored
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     process = subprocess.Popen(
         [PYTHON, *command],
         cwd=cwd,
-        env=subprocess_env(),
+        env=subprocess_env(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -212,6 +212,24 @@ def test_window_and_device_options(tmp_path: Path) -> None:
     after = stepwatch.load(out)
     assert after.phases["train"].stages["step/forward"].calls == 5  # every step, timed on the CPU
     assert after.metadata["config"]["device"] is None and "device timing" not in after.metadata["auto"]
+
+
+@pytest.mark.parametrize("ending", ["SIGTERM", "SIGINT", "exception"])
+def test_stepwatch_auto_environment_reports_however_the_program_ends(tmp_path: Path, ending: str) -> None:
+    out = tmp_path / "e.json"
+    program = [CNN, "--epochs", "1", "--samples", "32"]
+    if ending == "exception":
+        result = run([*program, "--fail"], tmp_path, STEPWATCH="auto", STEPWATCH_OUT=str(out))
+        assert result.returncode == 1
+        assert result.stderr.index("RuntimeError: diverged") < result.stderr.index("verdict:")
+    else:
+        signum = getattr(signal, ending)
+        result = _wait_and_signal([*program, "--wait"], tmp_path, signum, STEPWATCH="auto", STEPWATCH_OUT=str(out))
+        plain = _wait_and_signal([*program, "--wait"], tmp_path, signum)
+        assert result.returncode == plain.returncode  # python's own ending, whatever it is for this program
+        assert "KeyboardInterrupt" in result.stderr or signum == signal.SIGTERM
+    assert result.stderr.count("verdict:") == 1
+    assert stepwatch.load(out).phases["train"].steps == 1
 
 
 def test_module_runs_like_python_dash_m(tmp_path: Path) -> None:

@@ -327,20 +327,16 @@ def close_frame(
 
 
 def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
-    """Renames a phase recorded under a wrong name (auto-instrumentation guessed a loop's kind before it
-    ran); only when no loop of it is running and ``new`` is not taken. Returns whether it was renamed."""
+    """Files what a phase recorded under another name (auto-instrumentation guessed a loop's kind before it
+    ran); only when no loop of it is running and ``new`` holds nothing. The phase under the old name stays,
+    empty: threads' stacks stand on its root. Returns whether it was moved."""
     with sw._lock:
         phase = sw._phases.get(old)
         taken = sw._phases.get(new)
         running = any(site.phase == old for sites in sw._loop_sites.values() for site in sites)
         if phase is None or running or (taken is not None and not is_empty(taken)):
             return False
-        if taken is not None:  # left empty by a reset: replaced
-            del sw._phases[new]
-            sw._phase_of_root.pop(taken.root, None)
-        phase.name = new
-        sw._phases = {new if name == old else name: value for name, value in sw._phases.items()}
-        sw._phase_of_root[phase.root] = new
+        phase.move_into(sw._phase(new))
         if old in sw._loader_configs:
             sw._loader_configs[new] = sw._loader_configs.pop(old)
         if old in sw._looped_phases:

@@ -144,6 +144,28 @@ class Phase:
         self.consuming: list[list[int]] = running
         self.in_first_step = False  # counts made now belong to the one-off first step: not counted
 
+    def move_into(self, target: Phase) -> None:
+        """Hands everything recorded here to ``target``, which holds nothing; this phase is left empty, its
+        root node the same object (threads' stacks stand on it)."""
+        target.root.children, self.root.children = self.root.children, {}
+        for name in _RECORDED:
+            setattr(target, name, getattr(self, name))
+        self.clear()
+
+
+_RECORDED = (
+    "counters",
+    "consuming",
+    "device_busy_ns",
+    "device_caught_up",
+    "device_idle_ns",
+    "device_steps",
+    "loop_ns",
+    "schedule_pos",
+    "steps",
+    "workers",
+)
+
 
 class WorkerTotals:
     """What the batches from one DataLoader worker id told the main process, across its restarts."""
