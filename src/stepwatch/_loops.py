@@ -73,6 +73,10 @@ def _loop_end(code: CodeType, offset: int) -> int | None:
     return None
 
 
+WAITING: Any = object()
+"""What a loop in beats yields when its wait begins."""
+
+
 def _is_main(sw: Stopwatch, phase: str) -> bool:
     """Whether ``phase`` is the run's main phase, the one warm-up applies to: ``train``, or in a run without
     it, the first phase that ran a loop. Evaluation loops are measured from their first step."""
@@ -110,11 +114,14 @@ def iterate(
     phase_name: str | None,
     source: Any = None,
     driven: bool = False,
+    beats: bool = False,
 ) -> Generator[T, None, None]:
     """The generator behind :meth:`Stopwatch.timed_iter`; ``source``, when it is a DataLoader, has its
     configuration recorded for the phase (the advice depends on it). A ``driven`` loop is advanced by hooks
     rather than a ``for`` statement (auto-instrumentation's steps ended by optimizer steps): the step still
-    open when it closes is not a step, and is dropped."""
+    open when it closes is not a step, and is dropped. A loop in ``beats`` is advanced in two beats per step by
+    a framework's hooks (its fetch starting and ending): the first ``next()`` ends the step and starts the
+    wait, yielding :data:`WAITING`; the second ends the wait and starts the next step, yielding None."""
     clock = sw._clock
     stack = sw._thread_stack()
     local = sw._local  # replaced by a switch: then the stack is read again
@@ -129,7 +136,7 @@ def iterate(
     device_loop = _Loop(phase) if device is not None and own_phase else None
     loop_phase = phase if own_phase else None
     iterator: Any = None
-    site = LoopSite(None if driven else sys._getframe(1), phase.name)  # the frame calling next() on it
+    site = LoopSite(None if driven or beats else sys._getframe(1), phase.name)  # the frame calling next()
     if not outer:
         _check_enclosing(sw, site)
     sites = sw._loop_sites.setdefault(threading.get_ident(), [])
@@ -187,7 +194,7 @@ def iterate(
                 wait_frame = (LOOP, first_node if first else wait_node, now)
                 stack.append(wait_frame)
             try:
-                item = next(iterator)
+                item: Any = (yield WAITING) if beats else next(iterator)
             except StopIteration:
                 if wait_frame is not None:
                     if sw._local is not local:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ._workers import (
     Carrier,
     TimedCollate,
+    TimedGetItems,
     WorkerInit,
     WorkerReport,
     install_dataset_timing,
@@ -68,6 +69,7 @@ class Unwrapping:
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self.receiver: Callable[[WorkerReport], None] | None = None
+        self.on_batch: Callable[[Any], None] | None = None  # sees every batch handed out (a framework's count)
         iterator = loader.__dict__.get("_iterator")
         if iterator is not None:  # persistent workers started before watch()
             self.wrap(iterator)
@@ -78,7 +80,7 @@ class Unwrapping:
             )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"loader": self.loader, "receiver": None}
+        return {"loader": self.loader, "receiver": None, "on_batch": None}
 
     def __call__(self) -> Any:
         return self.wrap(type(self.loader)._get_iterator(self.loader))
@@ -92,7 +94,9 @@ class Unwrapping:
                 receiver = self.receiver
                 if receiver is not None:
                     receiver(item.report)
-                return item.batch
+                item = item.batch
+            if self.on_batch is not None:
+                self.on_batch(item)
             return item
 
         iterator._next_data = unwrapped_next_data
@@ -203,6 +207,18 @@ def find_loaders(iterable: Any) -> list[Any]:
     return found
 
 
+def instrument_always(loader: Any, stopwatch: Stopwatch) -> None:
+    """Instruments a DataLoader for a framework's loop that stepwatch does not iterate itself (Lightning's):
+    from now on, its workers' reports go to the stopwatch whenever a batch arrives (filed under the stage open
+    at that moment, the framework's fetch), its collate is timed, and so are its samples read in the main
+    process. Undone by :func:`uninstrument`."""
+    unwrapping, collate, init = _instrument(loader, stopwatch)
+    unwrapping.receiver = stopwatch._receive_worker_report
+    collate.watching = collate.enabled = init.enabled = True
+    if loader.num_workers == 0:
+        install_dataset_timing(loader.dataset, stopwatch)
+
+
 def uninstrument(loader: Any) -> None:
     """Undoes :func:`_instrument` on a loader (auto-instrumentation ending). Iterators that unwrap batches
     stay while the loader keeps persistent workers started instrumented: those keep wrapping their batches."""
@@ -212,8 +228,15 @@ def uninstrument(loader: Any) -> None:
     init = loader.__dict__.get("worker_init_fn")
     if isinstance(init, WorkerInit):
         loader.worker_init_fn = init.worker_init_fn
-    if isinstance(loader.__dict__.get("_get_iterator"), Unwrapping) and loader.__dict__.get("_iterator") is None:
-        del loader.__dict__["_get_iterator"]
+    unwrapping = loader.__dict__.get("_get_iterator")
+    if isinstance(unwrapping, Unwrapping):
+        unwrapping.receiver = unwrapping.on_batch = None
+        if loader.__dict__.get("_iterator") is None:
+            del loader.__dict__["_get_iterator"]
+    dataset = getattr(loader, "dataset", None)
+    wrapper = getattr(dataset, "__dict__", {}).get("__getitems__")
+    if isinstance(wrapper, TimedGetItems):
+        remove_dataset_timing(dataset, wrapper)
 
 
 def _instrument(loader: Any, stopwatch: Stopwatch) -> tuple[Unwrapping, TimedCollate, WorkerInit]:

@@ -1,0 +1,336 @@
+"""Lightning: ``Trainer(profiler=StepwatchProfiler())`` gives stepwatch's report, verdict and saved run.
+
+Lightning names every hook it runs (``trainer/call.py``, ``loops/``) and calls its profiler's ``start`` and
+``stop`` around each. This profiler turns those actions into stepwatch's stages, on the default stopwatch, so
+that ``stepwatch.timed`` blocks in the user's code nest where they run:
+
+- the fetch of each batch (``[_TrainingEpochLoop].train_dataloader_next``, ``[_EvaluationLoop].val_next``) is
+  the ``loader`` wait of a loop advanced in two beats; the rest of each step is ``step``; validation is the
+  ``val`` phase, taken out of the training step it runs in;
+- ``[Strategy]*.batch_to_device`` is ``h2d``, ``training_step`` and ``validation_step`` are ``forward``,
+  ``backward`` is ``backward`` (under manual optimization, the time between the ``on_before_backward`` and
+  ``on_after_backward`` hooks), ``[LightningModule]*.optimizer_zero_grad`` is ``zero_grad``;
+- ``[LightningModule]*.optimizer_step`` runs the closure (training_step, zero_grad, backward) inside it: its
+  ``optimizer`` row is what remains, the optimizer's own time, and the closure's stages are the step's own;
+- every other hook is a row of its own, under ``callbacks/<Callback>``, ``hooks/<hook>`` or
+  ``strategy/<hook>``, so that time lost in callbacks, checkpointing and logging shows.
+
+DataLoaders are instrumented when Lightning iterates them, so what their workers do comes back as with
+``watch()``. Importing stepwatch never imports Lightning; importing this module does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+from .. import _default
+from .._auto import batch_size
+from .._loops import iterate
+from .._patches import Patches
+from .._summary import Summary
+from .._tree import DEFAULT_PHASE, DROPPED, FOLD
+from .._watch import instrument_always, uninstrument
+
+try:
+    from lightning.pytorch.profilers import Profiler
+except ImportError:  # the older package name
+    try:
+        from pytorch_lightning.profilers import Profiler  # type: ignore[assignment]
+    except ImportError as error:
+        raise ImportError(
+            "stepwatch.integrations.lightning needs Lightning 2.0 or newer: pip install 'stepwatch[lightning]'"
+        ) from error
+
+_TRANSPARENT = frozenset({"run_training_epoch", "run_training_batch"})
+_STAGES = {
+    "[Strategy].batch_to_device": "h2d",
+    "[Strategy].training_step": "forward",
+    "[Strategy].validation_step": "forward",
+    "[Strategy].backward": "backward",
+    "[LightningModule].optimizer_zero_grad": "zero_grad",
+}
+_GROUPS = {"Callback": "callbacks", "LightningModule": "hooks", "LightningDataModule": "hooks", "Strategy": "strategy"}
+_ACTION = re.compile(r"^\[(\w+)\]([^.]*)\.(\w+)$")
+
+
+class _Beats:
+    """One phase's loop over the fetches Lightning announces: a fetch starting ends the step and starts the
+    wait, a fetch ending starts the next step."""
+
+    def __init__(self, phase: str, source: Any) -> None:
+        self._steps: Generator[Any, None, None] = iterate(
+            _default, (), "loader", "step", phase, source=source, beats=True
+        )
+        self._consuming: list[int] | None = None
+
+    def fetch_started(self) -> None:
+        next(self._steps)
+        if self._consuming is None:  # the loop's phase is now the thread's
+            self._consuming = _default._consuming_interval()
+
+    def fetch_ended(self) -> None:
+        next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+        if self._consuming is not None:
+            self._consuming[1] = time.perf_counter_ns()
+
+
+class StepwatchProfiler(Profiler):
+    """A Lightning profiler that records with stepwatch (see the module's docstring).
+
+    Args:
+        out: where the run is saved at the end of ``fit``; default ``stepwatch.json`` in the trainer's log
+            directory.
+        warmup, active, every: the measuring window, as for ``stepwatch.enable()``.
+        val_phase: the name of the validation phase.
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str] | None = None,
+        *,
+        warmup: int | None = None,
+        active: int | None = None,
+        every: int | None = None,
+        val_phase: str = "val",
+    ) -> None:
+        super().__init__()
+        self.out = None if out is None else os.fspath(out)
+        self.val_phase = val_phase
+        self._schedule = (warmup, active, every)
+        self._loops: dict[str, _Beats] = {}
+        self._closers: dict[str, list[Callable[[], None]]] = {}
+        self._patches = Patches()
+        self._loaders: list[Any] = []
+        self._loader_of: dict[str, Any] = {}  # phase -> its DataLoader, for the advice
+        self._enabled_here = False
+        self._pending_count: int | None = None
+        self._optimizer: list[int] | None = None  # [segment start or -1 while paused, own ns so far, depth]
+        self._summary: Summary | None = None
+        self._log_dir: str | None = None
+        self._backward_depth = 0  # [Strategy].backward actions open
+        self._manual_backward: Any = None  # the block timing a manual_backward(), between its hooks
+
+    # -- Lightning's profiler interface ----------------------------------------------------------------------
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        super().setup(stage, local_rank, log_dir)
+        self._log_dir = log_dir
+        if not self._patches._replaced:
+            import torch
+
+            self._patches.replace(torch.utils.data.DataLoader, "__iter__", self._wrap_loader_iter)
+        if not _default.is_enabled():
+            warmup, active, every = self._schedule
+            _default.enable(warmup=warmup, active=active, every=every)
+            self._enabled_here = True
+
+    def start(self, action_name: str) -> None:
+        if action_name in _TRANSPARENT:
+            return
+        if action_name.endswith("].train_dataloader_next"):
+            self._fetch_started(DEFAULT_PHASE)
+            return
+        if action_name.endswith("].val_next"):
+            self._fetch_started(self.val_phase)
+            return
+        kind, owner, hook = _parse(action_name)
+        if (kind == "LightningModule" and hook == "optimizer_step") or action_name == "optimizer_step":
+            self._optimizer_started(action_name)
+            return
+        if hook == "on_after_backward" and self._manual_backward is not None:
+            self._manual_backward.__exit__(None, None, None)
+            self._manual_backward = None
+            self._resume_optimizer()
+        stage = _STAGES.get(f"[{kind}].{hook}")
+        if stage == "backward":
+            self._backward_depth += 1
+        names = [stage] if stage else [_GROUPS[kind], owner if kind == "Callback" else hook] if kind else [hook]
+        self._pause_optimizer()
+        blocks = [_default.timed(_safe(name)) for name in names]
+        for block in blocks:
+            block.__enter__()
+
+        def close() -> None:
+            for block in reversed(blocks):
+                block.__exit__(None, None, None)
+            self._resume_optimizer()
+
+        self._closers.setdefault(action_name, []).append(close)
+
+    def stop(self, action_name: str) -> None:
+        if action_name in _TRANSPARENT:
+            if action_name == "run_training_epoch":
+                self._close_loop(DEFAULT_PHASE)
+            return
+        if action_name.endswith("].train_dataloader_next"):
+            self._fetch_ended(DEFAULT_PHASE)
+            return
+        if action_name.endswith("].val_next"):
+            self._fetch_ended(self.val_phase)
+            return
+        closers = self._closers.get(action_name)
+        if closers:
+            closers.pop()()
+        if action_name.startswith("[Strategy]") and action_name.endswith(".backward"):
+            self._backward_depth -= 1
+        elif action_name.endswith(".on_before_backward") and not self._backward_depth:
+            # manual optimization: manual_backward() runs backward without an action of its own, between
+            # these two hooks
+            self._pause_optimizer()
+            self._manual_backward = _default.timed("backward")
+            self._manual_backward.__enter__()
+        if action_name.startswith("[Strategy]") and action_name.endswith(".on_validation_end"):
+            self._close_loop(self.val_phase)  # the evaluation loop's last hook
+
+    def summary(self) -> Summary:  # type: ignore[override]
+        """stepwatch's :class:`~stepwatch.Summary` of what was recorded (Lightning's profilers return text)."""
+        return self._summary if self._summary is not None else _default.summary()
+
+    def describe(self) -> None:
+        """Lightning calls this at the end of ``fit``: the report and verdict, and the run saved."""
+        self._finish()
+        self._prepare_streams()
+        if self._write_stream is not None:
+            text = _default.report() if self._summary is None else _render(self._summary)
+            if self.out is not None:
+                text += f"stepwatch: run saved to {self.out}\n"
+            self._write_stream(text)
+        if self._output_file is not None:
+            self._output_file.flush()
+        self.teardown(stage=self._stage)
+
+    def teardown(self, stage: str | None) -> None:
+        self._finish()
+        super().teardown(stage)
+
+    # -- steps ------------------------------------------------------------------------------------------------
+
+    def _fetch_started(self, phase: str) -> None:
+        if phase == DEFAULT_PHASE and self.val_phase in self._loops:  # a validation not ended by its last hook
+            self._close_loop(self.val_phase)
+        loop = self._loops.get(phase)
+        if loop is None:
+            loop = self._loops[phase] = _Beats(phase, self._loader_of.get(phase))
+        loop.fetch_started()
+
+    def _fetch_ended(self, phase: str) -> None:
+        loop = self._loops.get(phase)
+        if loop is None:
+            return
+        loop.fetch_ended()
+        count, self._pending_count = self._pending_count, None
+        if count:
+            _default.count(samples=count)
+
+    def _close_loop(self, phase: str) -> None:
+        loop = self._loops.pop(phase, None)
+        if loop is not None:
+            loop.close()
+
+    def _optimizer_started(self, action_name: str) -> None:
+        self._optimizer = [time.perf_counter_ns(), 0, 0]
+
+        def close() -> None:
+            state, self._optimizer = self._optimizer, None
+            if state is None:
+                return
+            own = state[1] + (time.perf_counter_ns() - state[0] if state[0] >= 0 else 0)
+            _record(_default, "optimizer", own)
+
+        self._closers.setdefault(action_name, []).append(close)
+
+    def _pause_optimizer(self) -> None:
+        state = self._optimizer
+        if state is not None:
+            if state[2] == 0:
+                state[1] += time.perf_counter_ns() - state[0]
+                state[0] = -1
+            state[2] += 1
+
+    def _resume_optimizer(self) -> None:
+        state = self._optimizer
+        if state is not None and state[2] > 0:
+            state[2] -= 1
+            if state[2] == 0:
+                state[0] = time.perf_counter_ns()
+
+    # -- DataLoaders --------------------------------------------------------------------------------------------
+
+    def _wrap_loader_iter(self, original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
+        import torch
+
+        def __iter__(loader: Any) -> Iterator[Any]:
+            if _default.is_enabled() and not any(loader is known for known in self._loaders):
+                instrument_always(loader, _default)
+                loader._get_iterator.on_batch = self._saw_batch
+                self._loaders.append(loader)
+                # Lightning's evaluation loops run without gradients, its training loop with them
+                self._loader_of[DEFAULT_PHASE if torch.is_grad_enabled() else self.val_phase] = loader
+            return original(loader)
+
+        __iter__.__wrapped__ = original  # type: ignore[attr-defined]
+        return __iter__
+
+    def _saw_batch(self, batch: Any) -> None:
+        self._pending_count = batch_size(batch)
+
+    # -- the end ------------------------------------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        """Closes the loops, takes stepwatch off the DataLoaders and torch, and saves the run (once)."""
+        if self._summary is not None:
+            return
+        for phase in list(self._loops):
+            self._close_loop(phase)
+        self._patches.undo()
+        for loader in self._loaders:
+            uninstrument(loader)
+        self._loaders.clear()
+        self._summary = _default.summary()
+        if self.out is None:
+            self.out = os.path.join(self._log_dir or os.getcwd(), "stepwatch.json")
+        if self._summary.phases:
+            os.makedirs(os.path.dirname(os.path.abspath(self.out)), exist_ok=True)
+            _default.save(self.out)
+        if self._enabled_here:
+            _default.disable()
+            self._enabled_here = False
+
+
+def _parse(action_name: str) -> tuple[str, str, str]:
+    """``[Callback]ModelCheckpoint{...}.on_validation_end`` -> ("Callback", "ModelCheckpoint", "on_...")."""
+    match = _ACTION.match(re.sub(r"\{.*\}", "", action_name))
+    if match is None or match.group(1) not in _GROUPS:
+        return "", "", action_name
+    return match.group(1), match.group(2), match.group(3)
+
+
+def _safe(name: str) -> str:
+    cleaned = "".join(c if c.isprintable() and c != "/" else "_" for c in name.strip()) or "action"
+    return cleaned if cleaned not in ("other", "first_batch", "first_step", "(overflow)") else f"{cleaned}_"
+
+
+def _record(stopwatch: Any, name: str, elapsed_ns: int) -> None:
+    """One measurement under the block open now on this thread, as a block of its own would record it."""
+    if stopwatch._measuring is not True:
+        return
+    parent = stopwatch._thread_stack()[-1][1]
+    if parent is DROPPED:
+        return
+    node = parent.children.get(name) or stopwatch._add_child(parent, name)
+    node.buf.append(elapsed_ns)
+    if len(node.buf) >= FOLD:
+        stopwatch._fold(node)
+
+
+def _render(summary: Summary) -> str:
+    from .._render import render_text
+
+    return render_text(summary)

@@ -1,0 +1,126 @@
+"""The Lightning integration against the real Trainer (CPU, synthetic data, nothing downloaded)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import stepwatch
+from stepwatch import Summary
+from stepwatch.integrations.lightning import StepwatchProfiler
+
+from .conftest import PYTHON, subprocess_env
+
+sys.path.insert(0, str(Path(__file__).parent / "programs"))
+import lightning_train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def leave_the_default_stopwatch_clean() -> Iterator[None]:
+    yield
+    stepwatch.disable()
+    stepwatch.reset()
+
+
+def children_fit_in(phase: stepwatch.PhaseSummary, parent: str) -> None:
+    """A parent's direct children never add up to more than the parent: its ``other`` is never negative."""
+    stage = phase.stages[parent]
+    direct = [s for path, s in phase.stages.items() if path.rsplit("/", 1)[0] == parent and path != parent]
+    assert sum(s.total for s in direct if not s.in_workers and s.name != "other") <= stage.total * 1.0001, parent
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_training_and_validation_get_the_full_breakdown(tmp_path: Path, workers: int) -> None:
+    plain, _ = lightning_train.train(workers=workers, busy_s=0.0005)
+    profiler = StepwatchProfiler(out=tmp_path / "pl.json")
+    model, _ = lightning_train.train(profiler, workers=workers, busy_s=0.0005)
+    assert torch.equal(model.last_loss, plain.last_loss)  # the same training, bit for bit
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+    summary = profiler.summary()
+    assert isinstance(summary, Summary)
+    train = summary.phases["train"]
+    # 20 optimizer steps of 2 batches: 40 batches over 3 epochs (16, 16, 8), each epoch's first step apart
+    assert train.steps == 37
+    for path in ("loader", "step", "step/h2d", "step/forward", "step/backward"):
+        assert train.stages[path].calls == 37, path
+    # the optimizer runs every second batch: 20 times, never in an epoch's one-off first step (its first batch)
+    assert train.stages["step/optimizer"].calls == 20 and "first_step/optimizer" not in train.stages
+    assert train.stages["step/zero_grad"].calls + train.stages["first_step/zero_grad"].calls == 20
+    assert train.counters["samples"] == 37 * 8
+    for parent in ("step", "step/backward", "loader"):
+        children_fit_in(train, parent)
+    # the optimizer's row is its own time: the closure's stages are the step's, not nested in it
+    assert not any(path.startswith("step/optimizer/") for path in train.stages)
+    assert "step/callbacks" not in train.stages or train.stages["step/callbacks"].calls > 0
+    assert train.stages["step/hooks/on_train_batch_start"].calls == 37
+
+    val = summary.phases["val"]
+    assert val.stages["step/forward"].calls == val.steps > 0
+    assert not any("backward" in path for path in val.stages)
+    if not workers:  # validation inside a training step is its own phase, taken out of that step (with
+        # workers, starting the validation workers happens in the step, before validation's first fetch)
+        assert train.stages["step"].max < val.measured
+
+    dataset = train.stages["loader/dataset"]
+    assert dataset.in_workers == (workers > 0)
+    assert dataset.calls == 37 * 8
+    assert dataset.mean >= 0.0005  # the busy-wait, read in the main process or in the workers
+    if workers:
+        assert sorted(train.workers) == [0, 1]
+    else:
+        truth = lightning_train.BUSY_NS[0] * 1e-9  # every training sample read, first batches included
+        reads = dataset.total + train.stages["first_batch/dataset"].total
+        assert truth <= reads <= truth + 320 * 0.0005
+        assert train.share("loader") >= dataset.total / train.measured > 0.3
+
+    saved = stepwatch.load(tmp_path / "pl.json")
+    assert saved.phases["train"].steps == 37
+    report = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "report", str(tmp_path / "pl.json")],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0 and "stepwatch · train · 37 steps" in report.stdout
+
+
+def test_manual_optimization_with_two_optimizers(tmp_path: Path) -> None:
+    plain, _ = lightning_train.train(manual=True, max_steps=10)
+    profiler = StepwatchProfiler(out=tmp_path / "manual.json")
+    model, _ = lightning_train.train(profiler, manual=True, max_steps=10)
+    assert torch.equal(model.last_loss, plain.last_loss)
+    train = profiler.summary().phases["train"]
+    # Lightning's global step counts every optimizer's steps: 10 of them are 5 batches, the first apart
+    assert train.steps == 4
+    # manual optimization: backward and both optimizers' steps run inside training_step
+    assert train.stages["step/forward/backward"].calls == 4
+    assert train.stages["step/forward/optimizer"].calls == 8
+    children_fit_in(train, "step/forward")
+
+
+def test_the_report_is_written_at_the_end_of_fit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    profiler = StepwatchProfiler(warmup=2)
+    lightning_train.train(profiler, max_steps=4)
+    text = "\n".join(record.getMessage() for record in caplog.records)
+    assert "stepwatch · train" in text and "verdict:" in text
+    assert profiler.out is not None and Path(profiler.out).name == "stepwatch.json"
+    assert stepwatch.load(profiler.out).metadata["config"]["warmup"] == 2
+    assert not stepwatch.is_enabled()  # the profiler switched it on, and off again
+    assert not hasattr(torch.utils.data.DataLoader.__iter__, "__wrapped__")  # its patch is gone
+    Path(profiler.out).unlink()
+
+
+def test_importing_stepwatch_never_imports_lightning() -> None:
+    code = "import sys, stepwatch; print('lightning' in sys.modules or 'pytorch_lightning' in sys.modules)"
+    result = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
