@@ -116,6 +116,7 @@ def test_the_report_is_written_at_the_end_of_fit(tmp_path: Path, caplog: pytest.
     assert profiler.out is not None and Path(profiler.out).name == "stepwatch.json"
     assert stepwatch.load(profiler.out).metadata["config"]["warmup"] == 2
     assert not stepwatch.is_enabled()  # the profiler switched it on, and off again
+    assert stepwatch._default.schedule.warmup == 0  # with its own window, then the default's again
     assert not hasattr(torch.utils.data.DataLoader.__iter__, "__wrapped__")  # its patch is gone
     Path(profiler.out).unlink()
 

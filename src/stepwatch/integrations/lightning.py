@@ -110,6 +110,7 @@ class StepwatchProfiler(Profiler):
         self._loaders: list[Any] = []
         self._loader_of: dict[str, Any] = {}  # phase -> its DataLoader, for the advice
         self._enabled_here = False
+        self._schedule_before = _default.schedule
         self._pending_count: int | None = None
         self._optimizer: list[int] | None = None  # [segment start or -1 while paused, own ns so far, depth]
         self._summary: Summary | None = None
@@ -127,6 +128,7 @@ class StepwatchProfiler(Profiler):
 
             self._patches.replace(torch.utils.data.DataLoader, "__iter__", self._wrap_loader_iter)
         if not _default.is_enabled():
+            self._schedule_before = _default.schedule
             warmup, active, every = self._schedule
             _default.enable(warmup=warmup, active=active, every=every)
             self._enabled_here = True
@@ -301,6 +303,7 @@ class StepwatchProfiler(Profiler):
             _default.save(self.out)
         if self._enabled_here:
             _default.disable()
+            _default.schedule = self._schedule_before  # the default stopwatch as it was
             self._enabled_here = False
 
 
