@@ -1,0 +1,261 @@
+"""Hugging Face ``transformers.Trainer``: ``attach(trainer)`` before ``trainer.train()``.
+
+The Trainer's loop (``_inner_training_loop``, read from transformers 5.x) fetches a whole gradient-accumulation
+window of batches with ``get_batch_samples``, then runs ``training_step`` per micro-batch, then steps the
+optimizer between the ``on_pre_optimizer_step`` and ``on_optimizer_step`` callbacks, then logs, evaluates and
+saves. ``attach`` wraps those methods of this trainer instance (never the class) and adds a callback:
+
+- ``get_batch_samples`` is the ``loader`` wait of a loop advanced in two beats; one step is one optimizer step;
+- ``_prepare_inputs`` is ``h2d``, ``compute_loss`` is ``forward`` (with the loss), ``accelerator.backward`` is
+  ``backward``, per micro-batch; the optimizer step is ``optimizer``;
+- ``log``, ``evaluate`` and ``_save_checkpoint`` are the ``log``, ``eval`` and ``save`` rows, where HF users
+  often lose most of their time; inside ``evaluate``, each ``prediction_step`` is a step of the ``val`` phase
+  (its ``loader`` is the time between them: the fetch and the gathering of outputs);
+- stepwatch's figures (``stepwatch/loader_ms``, ``stepwatch/input_share``, ``stepwatch/samples_per_s``, ...)
+  are added to the logs ``Trainer.log`` receives, before it appends them to ``state.log_history`` and calls
+  the callbacks, so they reach ``log_history`` and every ``report_to`` integration.
+
+At the end of ``train`` the run is saved (``out``, default ``stepwatch.json`` in ``args.output_dir``) and the
+report printed on stderr. Importing stepwatch never imports transformers; this module imports it when
+``attach`` runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+from .. import _default
+from .._auto import batch_size
+from .._loops import iterate
+from .._summary import Summary
+from .._tree import DEFAULT_PHASE
+
+_WRAPPED = ("get_batch_samples", "training_step", "_prepare_inputs", "compute_loss", "log", "evaluate")
+
+
+class _Beats:
+    """A phase's loop advanced by the trainer's own calls: ``wait()`` ends the step and starts the wait,
+    ``go()`` ends the wait and starts the next step."""
+
+    def __init__(self, phase: str) -> None:
+        self._steps: Generator[Any, None, None] = iterate(_default, (), "loader", "step", phase, beats=True)
+        self._consuming: list[int] | None = None
+
+    def wait(self) -> None:
+        next(self._steps)
+        if self._consuming is None:
+            self._consuming = _default._consuming_interval()
+
+    def go(self) -> None:
+        next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+        if self._consuming is not None:
+            self._consuming[1] = time.perf_counter_ns()
+
+
+class Attachment:
+    """What :func:`attach` put on one trainer, and the recording it drives."""
+
+    def __init__(self, trainer: Any, out: str | None, val_phase: str) -> None:
+        self.trainer = trainer
+        self.out = out
+        self.val_phase = val_phase
+        self.train: _Beats | None = None
+        self.val: _Beats | None = None
+        self.optimizer_block: Any = None
+        self.enabled_here = False
+        self.summary: Summary | None = None
+        self.originals: dict[str, Any] = {}
+
+    # -- the wrappers -------------------------------------------------------------------------------------
+
+    def wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(self.trainer, name)
+        self.originals[name] = self.trainer.__dict__.get(name)
+        setattr(self.trainer, name, functools.wraps(original)(make(original)))
+
+    def get_batch_samples(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def get_batch_samples(*args: Any, **kwargs: Any) -> Any:
+            if self.train is None:
+                self.start()
+                self.train = _Beats(DEFAULT_PHASE)
+            self.train.wait()
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self.train.go()
+            samples = sum(batch_size(batch) or 0 for batch in result[0])
+            if samples:
+                _default.count(samples=samples)
+            return result
+
+        return get_batch_samples
+
+    def timed(self, stage: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            block = _default.timed(stage)
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                with block:
+                    return original(*args, **kwargs)
+
+            return call
+
+        return make
+
+    def log(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def log(logs: dict[str, float], *args: Any, **kwargs: Any) -> Any:
+            if self.val is not None:  # evaluate() logs its metrics once its loop is over
+                self.val.close()
+                self.val = None
+            with _default.timed("log"):
+                if _default.is_enabled():
+                    logs.update(metrics())  # before log_history and every callback see them
+                return original(logs, *args, **kwargs)
+
+        return log
+
+    def evaluate(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def evaluate(*args: Any, **kwargs: Any) -> Any:
+            with _default.timed("eval"):
+                self.val = _Beats(self.val_phase)
+                self.val.wait()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if self.val is not None:
+                        self.val.close()
+                        self.val = None
+
+        return evaluate
+
+    def prediction_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def prediction_step(*args: Any, **kwargs: Any) -> Any:
+            val = self.val
+            if val is None:  # predict(), or evaluate() called some other way
+                return original(*args, **kwargs)
+            val.go()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                val.wait()
+
+        return prediction_step
+
+    # -- the optimizer and the end, through a callback -----------------------------------------------------
+
+    def optimizer_started(self) -> None:
+        self.optimizer_block = _default.timed("optimizer")
+        self.optimizer_block.__enter__()
+
+    def optimizer_ended(self) -> None:
+        block, self.optimizer_block = self.optimizer_block, None
+        if block is not None:
+            block.__exit__(None, None, None)
+
+    def start(self) -> None:
+        if not _default.is_enabled():
+            _default.enable()
+            self.enabled_here = True
+
+    def finish(self) -> None:
+        """At the end of ``train``: closes the loop, saves the run, prints the report (once per train)."""
+        if self.train is None:
+            return
+        self.train.close()
+        self.train = None
+        self.summary = _default.summary()
+        out = self.out or os.path.join(self.trainer.args.output_dir or os.getcwd(), "stepwatch.json")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        _default.save(out)
+        self.out = out
+        sys.stderr.write(_default.report() + f"stepwatch: run saved to {out}\n")
+        if self.enabled_here:
+            _default.disable()
+            self.enabled_here = False
+
+    def detach(self) -> None:
+        """Puts the trainer's own methods back."""
+        for name, own in self.originals.items():
+            if own is None:
+                self.trainer.__dict__.pop(name, None)
+            else:
+                setattr(self.trainer, name, own)
+        self.originals.clear()
+
+
+def metrics() -> dict[str, float]:
+    """The current figures of the training phase, flat, for a logger."""
+    summary = _default.summary()
+    phase = summary.phases.get(DEFAULT_PHASE)
+    if phase is None or not phase.steps:
+        return {}
+    figures: dict[str, float] = {}
+    for stage in ("loader", "step", "step/h2d", "step/forward", "step/backward", "step/optimizer"):
+        if stage in phase.stages:
+            figures[f"stepwatch/{stage.rsplit('/', 1)[-1]}_ms"] = phase.stages[stage].mean * 1e3
+    figures["stepwatch/input_share"] = phase.share("loader") if "loader" in phase.stages else 0.0
+    for unit, rate in phase.throughput.items():
+        figures[f"stepwatch/{unit}_per_s"] = rate
+    return figures
+
+
+def attach(trainer: Any, out: str | os.PathLike[str] | None = None, *, val_phase: str = "val") -> Attachment:
+    """Record ``trainer.train()`` with stepwatch (see the module's docstring); returns the attachment, whose
+    ``summary`` holds the run once training ends and whose ``detach()`` puts the trainer back."""
+    import transformers
+
+    missing = [name for name in _WRAPPED if not callable(getattr(trainer, name, None))]
+    accelerator: Any = getattr(trainer, "accelerator", None)
+    if missing or not callable(getattr(accelerator, "backward", None)):
+        names = ", ".join(missing or ["accelerator.backward"])
+        raise RuntimeError(
+            f"stepwatch cannot attach to this Trainer: transformers {transformers.__version__} has no {names};"
+            " stepwatch.integrations.transformers supports transformers 4.40 to 5.x"
+        )
+    attachment = Attachment(trainer, None if out is None else os.fspath(out), val_phase)
+    attachment.wrap("get_batch_samples", attachment.get_batch_samples)
+    attachment.wrap("_prepare_inputs", attachment.timed("h2d"))
+    attachment.wrap("compute_loss", attachment.timed("forward"))
+    attachment.wrap("log", attachment.log)
+    attachment.wrap("evaluate", attachment.evaluate)
+    if callable(getattr(trainer, "prediction_step", None)):
+        attachment.wrap("prediction_step", attachment.prediction_step)
+    if callable(getattr(trainer, "_save_checkpoint", None)):
+        attachment.wrap("_save_checkpoint", attachment.timed("save"))
+    backward = accelerator.backward
+    block = _default.timed("backward")
+
+    def timed_backward(*args: Any, **kwargs: Any) -> Any:
+        with block:
+            return backward(*args, **kwargs)
+
+    accelerator.backward = functools.wraps(backward)(timed_backward)
+    trainer.add_callback(_callback_class(transformers)(attachment))
+    return attachment
+
+
+def _callback_class(transformers: Any) -> type:
+    class StepwatchCallback(transformers.TrainerCallback):  # type: ignore[misc]
+        """Times the optimizer step between the Trainer's two callbacks around it; ends the run."""
+
+        def __init__(self, attachment: Attachment) -> None:
+            self.attachment = attachment
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.attachment.optimizer_started()
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.attachment.optimizer_ended()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.attachment.finish()
+
+    return StepwatchCallback

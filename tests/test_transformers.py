@@ -1,0 +1,101 @@
+"""The Hugging Face Trainer integration against the real Trainer (a tiny BERT from a config: nothing downloaded)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stepwatch
+from stepwatch.integrations.transformers import attach
+
+from .conftest import PYTHON, subprocess_env
+
+sys.path.insert(0, str(Path(__file__).parent / "programs"))
+import hf_train
+from transformers import TrainerCallback
+
+pytestmark = pytest.mark.slow
+KEYS = ("stepwatch/loader_ms", "stepwatch/input_share", "stepwatch/samples_per_s", "stepwatch/forward_ms")
+
+
+@pytest.fixture(autouse=True)
+def leave_the_default_stopwatch_clean() -> Iterator[None]:
+    yield
+    stepwatch.disable()
+    stepwatch.reset()
+
+
+class SeesLogs(TrainerCallback):  # type: ignore[misc]
+    """A callback standing for report_to's integrations: what on_log receives."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        self.seen.append(dict(logs or {}))
+
+
+def test_training_gets_the_breakdown_and_the_logs_carry_it(tmp_path: Path) -> None:
+    plain = hf_train.make_trainer(tmp_path / "plain")
+    plain.train()
+    sees = SeesLogs()
+    trainer = hf_train.make_trainer(tmp_path / "out", busy_s=0.0005, callbacks=[sees])
+    attachment = attach(trainer)
+    trainer.train()
+    assert trainer.state.log_history[-1]["train_loss"] == plain.state.log_history[-1]["train_loss"]
+
+    summary = attachment.summary
+    assert summary is not None
+    train = summary.phases["train"]
+    # 12 optimizer steps of 2 micro-batches of 8; the first step apart
+    assert train.steps == 11
+    assert train.stages["loader"].calls == train.stages["step/optimizer"].calls == 11
+    for path in ("step/h2d", "step/forward", "step/backward"):
+        assert train.stages[path].calls == 22, path
+    assert train.counters["samples"] == 11 * 16
+    direct = [s for p, s in train.stages.items() if p.count("/") == 1 and p.startswith("step/") and s.name != "other"]
+    assert sum(s.total for s in direct) <= train.stages["step"].total  # the stages add up to the step
+    # evaluations at steps 5 and 10, and at the last step (12)
+    assert train.stages["step/log"].calls >= 6 and train.stages["step/eval"].calls == 3
+
+    # a busy-wait in the dataset: every sample is read inside the wait (no workers)
+    truth = hf_train.BUSY_NS[0] * 1e-9
+    waits = train.stages["loader"].total + train.stages["first_batch"].total
+    assert truth <= waits
+    assert train.share("loader") >= (truth - train.stages["first_batch"].total) / train.measured
+
+    val = summary.phases["val"]  # three evaluations of 2 batches: prediction steps, the first of each apart
+    assert val.steps == 3 and val.stages["step/forward"].calls == 3
+
+    # stepwatch's figures reach log_history and every callback's on_log
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert all(key in logged[-1] for key in KEYS)
+    assert all(key in sees.seen[-1] for key in KEYS)
+    assert 0 < logged[-1]["stepwatch/input_share"] < 1
+
+    out = tmp_path / "out" / "stepwatch.json"
+    assert stepwatch.load(out).phases["train"].steps == 11
+    report = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "report", str(out)], env=subprocess_env(), capture_output=True, text=True
+    )
+    assert report.returncode == 0 and "stepwatch · train · 11 steps" in report.stdout
+    attachment.detach()
+    assert "get_batch_samples" not in vars(trainer) and "log" not in vars(trainer)
+
+
+def test_a_trainer_without_the_expected_methods_is_refused_by_name(tmp_path: Path) -> None:
+    trainer = hf_train.make_trainer(tmp_path)
+    trainer.get_batch_samples = None
+    with pytest.raises(RuntimeError, match=r"transformers \d+\.\d+.* has no get_batch_samples"):
+        attach(trainer)
+
+
+def test_importing_stepwatch_never_imports_transformers() -> None:
+    code = "import sys, stepwatch; print('transformers' in sys.modules)"
+    result = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
