@@ -66,9 +66,10 @@ def test_training_and_validation_get_the_full_breakdown(tmp_path: Path, workers:
     val = summary.phases["val"]
     assert val.stages["step/forward"].calls == val.steps > 0
     assert not any("backward" in path for path in val.stages)
-    if not workers:  # validation inside a training step is its own phase, taken out of that step (with
-        # workers, starting the validation workers happens in the step, before validation's first fetch)
-        assert train.stages["step"].max < val.measured
+    # the sanity check, then a validation inside the step of the 10th batch of epochs 1 and 2 (the third has 8):
+    # each is its own phase's loop (taken out of the enclosing step, as any nested loop of another phase is)
+    assert val.steps == 3
+    assert train.stages["step/hooks/on_validation_model_eval"].calls == 2
 
     dataset = train.stages["loader/dataset"]
     assert dataset.in_workers == (workers > 0)
@@ -80,7 +81,7 @@ def test_training_and_validation_get_the_full_breakdown(tmp_path: Path, workers:
         truth = lightning_train.BUSY_NS[0] * 1e-9  # every training sample read, first batches included
         reads = dataset.total + train.stages["first_batch/dataset"].total
         assert truth <= reads <= truth + 320 * 0.0005
-        assert train.share("loader") >= dataset.total / train.measured > 0.3
+        assert train.share("loader") >= dataset.total / train.measured  # the reads are inside the wait
 
     saved = stepwatch.load(tmp_path / "pl.json")
     assert saved.phases["train"].steps == 37
