@@ -15,6 +15,7 @@ import inspect
 import logging
 import sys
 import threading
+import time
 from collections.abc import Generator, Iterable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -356,3 +357,27 @@ def is_empty(phase: Phase) -> bool:
     stages: dict[str, Any] = {}
     collect(phase.root, stages)
     return not (stages or phase.counters or phase.workers or phase.steps)
+
+
+class Beats:
+    """A loop advanced by a framework's own calls (``iterate(beats=True)``): ``wait()`` ends the step under way
+    and starts the wait for the next batch, ``go()`` ends the wait and starts the step. Its DataLoaders'
+    workers count as busy for the advice while it runs."""
+
+    def __init__(self, sw: Stopwatch, phase: str, source: Any = None) -> None:
+        self._sw = sw
+        self._steps: Generator[Any, None, None] = iterate(sw, (), "loader", "step", phase, source, beats=True)
+        self._consuming: list[int] | None = None
+
+    def wait(self) -> None:
+        next(self._steps)
+        if self._consuming is None:  # the loop's phase is the thread's from its first beat
+            self._consuming = self._sw._consuming_interval()
+
+    def go(self) -> None:
+        next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+        if self._consuming is not None:
+            self._consuming[1] = time.perf_counter_ns()

@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _default
 from .._auto import batch_size
-from .._loops import iterate
+from .._loops import Beats
 from .._patches import Patches
 from .._summary import Summary
 from .._tree import DEFAULT_PHASE, DROPPED, FOLD
@@ -57,30 +57,6 @@ _GROUPS = {"Callback": "callbacks", "LightningModule": "hooks", "LightningDataMo
 _ACTION = re.compile(r"^\[(\w+)\]([^.]*)\.(\w+)$")
 
 
-class _Beats:
-    """One phase's loop over the fetches Lightning announces: a fetch starting ends the step and starts the
-    wait, a fetch ending starts the next step."""
-
-    def __init__(self, phase: str, source: Any) -> None:
-        self._steps: Generator[Any, None, None] = iterate(
-            _default, (), "loader", "step", phase, source=source, beats=True
-        )
-        self._consuming: list[int] | None = None
-
-    def fetch_started(self) -> None:
-        next(self._steps)
-        if self._consuming is None:  # the loop's phase is now the thread's
-            self._consuming = _default._consuming_interval()
-
-    def fetch_ended(self) -> None:
-        next(self._steps)
-
-    def close(self) -> None:
-        self._steps.close()
-        if self._consuming is not None:
-            self._consuming[1] = time.perf_counter_ns()
-
-
 class StepwatchProfiler(Profiler):
     """A Lightning profiler that records with stepwatch (see the module's docstring).
 
@@ -104,7 +80,7 @@ class StepwatchProfiler(Profiler):
         self.out = None if out is None else os.fspath(out)
         self.val_phase = val_phase
         self._schedule = (warmup, active, every)
-        self._loops: dict[str, _Beats] = {}
+        self._loops: dict[str, Beats] = {}
         self._closers: dict[str, list[Callable[[], None]]] = {}
         self._patches = Patches()
         self._loaders: list[Any] = []
@@ -219,14 +195,14 @@ class StepwatchProfiler(Profiler):
             self._close_loop(self.val_phase)
         loop = self._loops.get(phase)
         if loop is None:
-            loop = self._loops[phase] = _Beats(phase, self._loader_of.get(phase))
-        loop.fetch_started()
+            loop = self._loops[phase] = Beats(_default, phase, self._loader_of.get(phase))
+        loop.wait()
 
     def _fetch_ended(self, phase: str) -> None:
         loop = self._loops.get(phase)
         if loop is None:
             return
-        loop.fetch_ended()
+        loop.go()
         count, self._pending_count = self._pending_count, None
         if count:
             _default.count(samples=count)

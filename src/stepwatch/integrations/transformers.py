@@ -25,39 +25,16 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any
 
 from .. import _default
 from .._auto import batch_size
-from .._loops import iterate
+from .._loops import Beats
 from .._summary import Summary
 from .._tree import DEFAULT_PHASE
 
 _WRAPPED = ("get_batch_samples", "training_step", "_prepare_inputs", "compute_loss", "log", "evaluate")
-
-
-class _Beats:
-    """A phase's loop advanced by the trainer's own calls: ``wait()`` ends the step and starts the wait,
-    ``go()`` ends the wait and starts the next step."""
-
-    def __init__(self, phase: str) -> None:
-        self._steps: Generator[Any, None, None] = iterate(_default, (), "loader", "step", phase, beats=True)
-        self._consuming: list[int] | None = None
-
-    def wait(self) -> None:
-        next(self._steps)
-        if self._consuming is None:
-            self._consuming = _default._consuming_interval()
-
-    def go(self) -> None:
-        next(self._steps)
-
-    def close(self) -> None:
-        self._steps.close()
-        if self._consuming is not None:
-            self._consuming[1] = time.perf_counter_ns()
 
 
 class Attachment:
@@ -67,8 +44,8 @@ class Attachment:
         self.trainer = trainer
         self.out = out
         self.val_phase = val_phase
-        self.train: _Beats | None = None
-        self.val: _Beats | None = None
+        self.train: Beats | None = None
+        self.val: Beats | None = None
         self.optimizer_block: Any = None
         self.enabled_here = False
         self.summary: Summary | None = None
@@ -85,7 +62,7 @@ class Attachment:
         def get_batch_samples(*args: Any, **kwargs: Any) -> Any:
             if self.train is None:
                 self.start()
-                self.train = _Beats(DEFAULT_PHASE)
+                self.train = Beats(_default, DEFAULT_PHASE)
             self.train.wait()
             try:
                 result = original(*args, **kwargs)
@@ -125,7 +102,7 @@ class Attachment:
     def evaluate(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def evaluate(*args: Any, **kwargs: Any) -> Any:
             with _default.timed("eval"):
-                self.val = _Beats(self.val_phase)
+                self.val = Beats(_default, self.val_phase)
                 self.val.wait()
                 try:
                     return original(*args, **kwargs)
