@@ -94,9 +94,12 @@ def save_all(reason: str, final: bool = True) -> None:
 
 def _print_report(stopwatch: Stopwatch) -> None:
     try:
+        from .distributed import rank_path
+
         text = stopwatch.report()
-        if stopwatch.out is not None and os.path.exists(stopwatch.out):
-            text += f"stepwatch: run saved to {os.path.relpath(stopwatch.out)}\n"
+        written = None if stopwatch.out is None else rank_path(stopwatch.out)
+        if written is not None and os.path.exists(written):
+            text += f"stepwatch: run saved to {os.path.relpath(written)}\n"
         sys.stderr.write(text)
         sys.stderr.flush()
     except Exception as error:  # the program's own outcome must show, whatever happens here

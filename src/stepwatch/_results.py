@@ -68,11 +68,16 @@ class Results:
 
         return render_text(self.summary())
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the run as JSON (atomically: a temporary file renamed over ``path``)."""
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the run as JSON (atomically: a temporary file renamed over ``path``). In a job of several
+        ranks, each rank writes its own file (see ``stepwatch.distributed.rank_path``); returns the path
+        written."""
         from ._saved import save_summary
+        from .distributed import rank_path
 
-        save_summary(self.summary(), path)
+        written = rank_path(path)
+        save_summary(self.summary(), written)
+        return written
 
     def load(self, path: str | os.PathLike[str]) -> Summary:
         """Read a saved run; the same as ``stepwatch.load``."""

@@ -78,7 +78,15 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "dropped_blocks": stopwatch._dropped_blocks,
         "loaders": {phase: dict(config) for phase, config in stopwatch._loader_configs.items()},
         "auto": None if stopwatch._describe_auto is None else stopwatch._describe_auto(),
+        **_ranks(),
     }
+
+
+def _ranks() -> dict[str, int | None]:
+    from .distributed import rank_info
+
+    info = rank_info()
+    return {"rank": None, "local_rank": None, "world_size": None} if info is None else dict(info)
 
 
 def _iso(epoch_seconds: float) -> str:

@@ -166,6 +166,8 @@ def check_metadata(data: Any) -> None:
         raise _fail("metadata.devices", "must be a list of strings")
     _optional_int(data.get("dropped_blocks"), "metadata.dropped_blocks")
     _str(data.get("auto"), "metadata.auto")
+    for key in ("rank", "local_rank", "world_size"):
+        _optional_int(data.get(key), f"metadata.{key}", 0, 2**31)
     for phase, config in _dict(data.get("loaders") or {}, "metadata.loaders").items():
         for key, value in _dict(config, f"metadata.loaders.{phase}").items():
             if value is not None and not isinstance(value, (bool, int, str)):
