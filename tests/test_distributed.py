@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import torch.multiprocessing as mp
 
 import stepwatch
+from stepwatch._ranks import ranks_report
 from stepwatch.distributed import rank_info, rank_path
 
 from .conftest import PYTHON, subprocess_env
@@ -79,3 +81,73 @@ def test_a_single_process_keeps_its_file_name(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert [path.name for path in tmp_path.iterdir()] == ["run.json"]
     assert stepwatch.load(tmp_path / "run.json").metadata["rank"] is None
+
+
+def ddp_runs(tmp_path: Path, busy_s: tuple[float, float], slow_forward_rank: int = -1) -> list[stepwatch.Summary]:
+    out = tmp_path / "ddp.json"
+    args = (2, str(tmp_path / "init"), str(out), busy_s, slow_forward_rank)
+    mp.spawn(ranks.ddp_train, args=args, nprocs=2)
+    return [stepwatch.load(tmp_path / f"ddp.rank{rank}.json") for rank in (0, 1)]
+
+
+@pytest.mark.slow
+def test_a_rank_with_a_slow_dataset_is_the_straggler_though_backward_hides_it(tmp_path: Path) -> None:
+    runs = ddp_runs(tmp_path, (0.0005, 0.0015))  # rank 1 reads each sample 3x slower
+    report = ranks_report(runs)
+    assert report.straggler is not None
+    assert report.straggler.rank == 1 and report.straggler.stage.startswith("loader")
+    backward = next(s for s in report.stages if s.path == "step/backward")
+    assert backward.equalized and backward.high[1] == 0  # rank 0 waits for rank 1 inside the all-reduce
+    assert report.job_throughput["samples"] == pytest.approx(sum(r.throughput["samples"] for r in report.ranks))
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "report", str(tmp_path / "ddp.rank0.json"), str(tmp_path / "ddp.rank1.json")],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "stepwatch · all ranks · train · 2 ranks" in result.stdout
+    assert "straggler: rank 1, loader" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_rank_with_a_slow_forward_is_the_straggler(tmp_path: Path) -> None:
+    report = ranks_report(ddp_runs(tmp_path, (0.0005, 0.0005), slow_forward_rank=0))
+    assert report.straggler is not None
+    assert (report.straggler.rank, report.straggler.stage) == (0, "step/forward")
+
+
+@pytest.mark.slow
+def test_equal_ranks_have_no_straggler(tmp_path: Path) -> None:
+    report = ranks_report(ddp_runs(tmp_path, (0.001, 0.001)))
+    assert report.straggler is None
+    assert [r.rank for r in report.ranks] == [0, 1] and all(r.steps == 11 for r in report.ranks)
+
+
+def test_ranks_with_different_stages_and_bad_sets_of_files(tmp_path: Path) -> None:
+    first, second = stepwatch.Stopwatch(), stepwatch.Stopwatch()
+    for sw, stage in ((first, "forward"), (second, "decode")):
+        sw.enable()
+        for _ in sw.timed_iter(range(3)):
+            with sw.timed(stage):
+                pass
+    report = ranks_report([first.summary(), second.summary()])
+    forward = next(s for s in report.stages if s.path == "step/forward")
+    assert forward.per_rank[1] == 0.0 and forward.per_rank[0] > 0  # a stage one rank lacks counts as 0 there
+    assert any(s.path == "step/decode" for s in report.stages)
+    with pytest.raises(ValueError, match="no rank measured a step"):
+        ranks_report([stepwatch.Stopwatch().summary()])
+    as_rank_0 = [
+        dataclasses.replace(s, metadata={**s.metadata, "rank": 0}) for s in (first.summary(), second.summary())
+    ]
+    with pytest.raises(ValueError, match="two runs are rank 0"):
+        ranks_report(as_rank_0)
+    (tmp_path / "broken.json").write_text("{")
+    first.save(tmp_path / "a.json")
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "report", str(tmp_path / "a.json"), str(tmp_path / "broken.json")],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "broken.json" in result.stderr and result.stdout == ""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._analysis import Comparison, Verdict, analyze
+from ._ranks import RanksReport
 from ._summary import PhaseSummary, StageStats, Summary
 
 MS = 1e3
@@ -244,3 +245,58 @@ def format_for_path(path: str) -> Format | None:
         if lowered.endswith(format.extensions):
             return format
     return None
+
+
+def render_ranks(report: RanksReport) -> str:
+    """The all-ranks report: each stage's spread over the ranks, each rank's figures, the straggler."""
+    count = len(report.ranks)
+    lines = [f"stepwatch · all ranks · {report.phase} · {count} ranks · ms per step"]
+    header = ("stage", "median", "min", "(rank)", "max", "(rank)", "max/median", "")
+    rows = [header]
+    for spread in report.stages:
+        low, low_rank = spread.low
+        high, high_rank = spread.high
+        rows.append(
+            (
+                "  " * spread.path.count("/") + spread.path.rsplit("/", 1)[-1],
+                _ms(spread.median),
+                _ms(low),
+                str(low_rank),
+                _ms(high),
+                str(high_rank),
+                f"{spread.ratio:.2f}" if not math.isnan(spread.ratio) else "-",
+                "equalized by collectives" if spread.equalized else "",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [
+            cell.rjust(width) for cell, width in zip(row[1:-1], widths[1:-1], strict=True)
+        ]
+        lines.append("  ".join(cells + ([row[-1]] if row[-1] else [])).rstrip())
+    lines.append("")
+    lines.append("rank  steps  step ms  loader %  throughput")
+    for figures in report.ranks:
+        rates = ", ".join(f"{_rate(rate)} {unit}/s" for unit, rate in figures.throughput.items()) or "-"
+        lines.append(
+            f"{figures.rank:>4}  {figures.steps:>5}  {_ms(figures.step_s):>7}  {figures.loader_share:>8.1%}  {rates}"
+        )
+    job = ", ".join(f"{_rate(rate)} {unit}/s" for unit, rate in report.job_throughput.items())
+    slowest = report.slowest
+    lines.append(
+        f"job: {job or 'no counts'} (sum over ranks); slowest rank: {slowest.rank} ({_ms(slowest.step_s)} ms per step)"
+    )
+    straggler = report.straggler
+    if straggler is None:
+        lines.append(
+            f"no straggler: no rank's loader, h2d or forward exceeds the median over ranks by more than"
+            f" {report.threshold:.0%} of the median step"
+        )
+    else:
+        lines.append(
+            f"straggler: rank {straggler.rank}, {straggler.stage}: {_ms(straggler.excess_s)} ms per step over the"
+            f" median of the ranks ({straggler.excess_s / straggler.step_s:.0%} of the median step); the job loses"
+            f" about that much per step waiting for it (backward and optimizer are equalized by collectives and"
+            f" never blamed)"
+        )
+    return "\n".join(lines) + "\n"

@@ -17,8 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepwatch", description="Where each training step's time goes.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    report = commands.add_parser("report", help="print the report of a saved run")
-    report.add_argument("file", help="a run saved by stepwatch.save() or STEPWATCH_OUT")
+    report = commands.add_parser("report", help="print the report of a saved run, or of several ranks' runs")
+    report.add_argument(
+        "file", nargs="+", help="a run saved by stepwatch.save() or STEPWATCH_OUT; several: one per rank"
+    )
 
     export = commands.add_parser("export", help="convert a saved run to another format")
     export.add_argument("file", help="a saved run")
@@ -103,6 +105,23 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_ranks(paths: list[str]) -> int:
+    """The all-ranks report of per-rank files (one per rank), merged offline."""
+    from ._ranks import ranks_report
+    from ._render import render_ranks
+
+    summaries = [_load(path) for path in paths]
+    if any(summary is None for summary in summaries):
+        return 2
+    try:
+        report = ranks_report([s for s in summaries if s is not None])
+    except ValueError as error:
+        print(f"stepwatch: {error}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_ranks(report))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code (2 for a bad file or bad arguments)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -121,6 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     if args.command == "compare":
         return _compare(args)
+    if args.command == "report" and len(args.file) > 1:
+        return _report_ranks(args.file)
+    if args.command == "report":
+        args.file = args.file[0]
     summary = _load(args.file)
     if summary is None:
         return 2

@@ -1,0 +1,160 @@
+"""The all-ranks analysis: per stage the spread over ranks, per rank its figures, and the straggler.
+
+Under DDP the all-reduce inside backward makes every rank wait for the slowest, so the slow rank hides: the
+others show a long ``backward`` while its own cause is a slow ``loader``, ``h2d`` or ``forward``. So only the
+stages that run before the ranks synchronize can blame a rank; the stages collectives equalize are marked.
+Reads summaries only (one per rank, from saved files or a gather).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ._summary import PhaseSummary, Summary
+
+STRAGGLER = 0.15
+"""A rank is the straggler when one of its pre-synchronization stages exceeds the median over ranks by more
+than this share of the median step (loader + step) time."""
+PRE_SYNC = ("loader", "step/h2d", "step/forward")
+"""Stages that run before the ranks synchronize: a rank slow there holds everyone back."""
+EQUALIZED = ("step/backward", "step/optimizer")
+"""Stages that collectives equalize (the all-reduce in backward under DDP, the optimizer under ZeRO): every
+rank waits there for the slowest, so they never blame a rank."""
+_ONE_OFF = ("first_batch", "first_step")
+
+
+@dataclass(frozen=True)
+class StageSpread:
+    """One stage over the ranks, in seconds per step."""
+
+    path: str
+    per_rank: Mapping[int, float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.per_rank.values())
+
+    @property
+    def low(self) -> tuple[float, int]:
+        rank = min(self.per_rank, key=lambda r: (self.per_rank[r], r))
+        return self.per_rank[rank], rank
+
+    @property
+    def high(self) -> tuple[float, int]:
+        rank = max(self.per_rank, key=lambda r: (self.per_rank[r], -r))
+        return self.per_rank[rank], rank
+
+    @property
+    def ratio(self) -> float:
+        median = self.median
+        return self.high[0] / median if median > 0 else float("nan")
+
+    @property
+    def equalized(self) -> bool:
+        return self.path in EQUALIZED
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    rank: int
+    steps: int
+    step_s: float  # loader + step per step
+    loader_share: float
+    throughput: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    stage: str
+    excess_s: float  # per step, over the median of the ranks: what the job loses to it
+    step_s: float  # the median step time it is compared with
+
+
+@dataclass(frozen=True)
+class RanksReport:
+    phase: str
+    ranks: Sequence[RankFigures]
+    stages: Sequence[StageSpread]
+    straggler: Straggler | None
+    threshold: float = STRAGGLER
+
+    @property
+    def slowest(self) -> RankFigures:
+        return max(self.ranks, key=lambda figures: (figures.step_s, -figures.rank))
+
+    @property
+    def job_throughput(self) -> Mapping[str, float]:
+        """Units per second of the whole job: the sum over ranks."""
+        total: dict[str, float] = {}
+        for figures in self.ranks:
+            for unit, rate in figures.throughput.items():
+                total[unit] = total.get(unit, 0.0) + rate
+        return total
+
+
+def rank_of(summary: Summary, index: int) -> int:
+    rank = summary.metadata.get("rank")
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else index
+
+
+def ranks_report(summaries: Sequence[Summary], phase: str | None = None) -> RanksReport:
+    """The all-ranks figures of one phase (default: the main phase of the first rank that has one); ranks
+    may have recorded different stages. Raises ValueError when no rank measured a step of that phase, or when
+    two summaries claim the same rank."""
+    by_rank: dict[int, Summary] = {}
+    for index, summary in enumerate(summaries):
+        rank = rank_of(summary, index)
+        if rank in by_rank:
+            raise ValueError(f"two runs are rank {rank}: give one run per rank")
+        by_rank[rank] = summary
+    if phase is None:
+        phase = next((s.main_phase.name for s in by_rank.values() if s.phases), "train")
+    phases: dict[int, PhaseSummary] = {
+        rank: s.phases[phase] for rank, s in sorted(by_rank.items()) if phase in s.phases and s.phases[phase].steps
+    }
+    if not phases:
+        raise ValueError(f"no rank measured a step of phase {phase!r}")
+    ranks = [
+        RankFigures(
+            rank,
+            p.steps,
+            p.measured / p.steps,
+            p.share("loader") if "loader" in p.stages else 0.0,
+            dict(p.throughput),
+        )
+        for rank, p in phases.items()
+    ]
+    paths = list(dict.fromkeys(path for p in phases.values() for path in p.stages))
+    stages = [
+        StageSpread(
+            path, {rank: p.stages[path].total / p.steps if path in p.stages else 0.0 for rank, p in phases.items()}
+        )
+        for path in paths
+        if path.split("/", 1)[0] not in _ONE_OFF and not path.endswith("/other")
+    ]
+    return RanksReport(phase, ranks, stages, _straggler(stages, ranks))
+
+
+def _straggler(stages: Sequence[StageSpread], ranks: Sequence[RankFigures]) -> Straggler | None:
+    """The rank whose pre-synchronization stage exceeds the median by the most, if by more than the
+    threshold; worker-side stages under the loader name the part of the pipeline to blame."""
+    if len(ranks) < 2:
+        return None
+    step = statistics.median(figures.step_s for figures in ranks)
+    candidates = [s for s in stages if s.path in PRE_SYNC]
+    worst: Straggler | None = None
+    for spread in candidates:
+        value, rank = spread.high
+        excess = value - spread.median
+        if excess > STRAGGLER * step and (worst is None or excess > worst.excess_s):
+            worst = Straggler(rank, spread.path, excess, step)
+    if worst is not None and worst.stage == "loader":
+        rank, excess = worst.rank, worst.excess_s
+        inside = [s for s in stages if s.path.startswith("loader/") and s.path.count("/") == 1]
+        blame = max(inside, key=lambda s: s.per_rank.get(rank, 0.0) - s.median, default=None)
+        if blame is not None and blame.per_rank.get(rank, 0.0) - blame.median > 0.5 * excess:
+            worst = Straggler(rank, blame.path, excess, step)
+    return worst
