@@ -1,12 +1,9 @@
 """A tiny BERT trained by the Hugging Face Trainer on synthetic data (no download), for the integration's tests."""
 
-import time
-
 import torch
+from busy import BUSY_NS, busy_wait
 from torch.utils.data import Dataset
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments, set_seed
-
-BUSY_NS = [0]
 
 
 class Synthetic(Dataset):
@@ -18,10 +15,7 @@ class Synthetic(Dataset):
 
     def __getitem__(self, index):
         if self.busy_s:
-            start = time.perf_counter_ns()
-            while time.perf_counter_ns() - start < self.busy_s * 1e9:
-                pass
-            BUSY_NS[0] += time.perf_counter_ns() - start
+            busy_wait(self.busy_s)
         generator = torch.Generator().manual_seed(index)
         ids = torch.randint(1, 100, (16,), generator=generator)
         return {"input_ids": ids, "attention_mask": torch.ones(16, dtype=torch.long), "labels": int(ids[0] % 2)}

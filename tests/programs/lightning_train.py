@@ -1,13 +1,10 @@
 """A tiny LightningModule on synthetic data, for the Lightning integration's tests (never imports stepwatch)."""
 
-import time
-
 import lightning as L
 import torch
+from busy import BUSY_NS, busy_wait
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-
-BUSY_NS = [0]
 
 
 class Data(Dataset):
@@ -19,10 +16,7 @@ class Data(Dataset):
 
     def __getitem__(self, index):
         if self.busy_s:
-            start = time.perf_counter_ns()
-            while time.perf_counter_ns() - start < self.busy_s * 1e9:
-                pass
-            BUSY_NS[0] += time.perf_counter_ns() - start
+            busy_wait(self.busy_s)
         generator = torch.Generator().manual_seed(index)
         return torch.randn(8, generator=generator), index % 2
 
