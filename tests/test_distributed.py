@@ -108,6 +108,22 @@ def test_a_rank_with_a_slow_dataset_is_the_straggler_though_backward_hides_it(tm
     assert result.returncode == 0, result.stderr
     assert "stepwatch · all ranks · train · 2 ranks" in result.stdout
     assert "straggler: rank 1, loader" in result.stdout
+    report_text = result.stdout
+
+    # merged offline into one all-ranks file, which reports the same figures
+    merged = tmp_path / "all.json"
+    per_rank = [str(tmp_path / "ddp.rank0.json"), str(tmp_path / "ddp.rank1.json")]
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "merge", *per_rank, "-o", str(merged)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0 and "2 ranks merged" in result.stderr, result.stderr
+    again = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "report", str(merged)], env=subprocess_env(), capture_output=True, text=True
+    )
+    assert again.returncode == 0 and again.stdout == report_text
 
 
 @pytest.mark.slow
@@ -151,3 +167,29 @@ def test_ranks_with_different_stages_and_bad_sets_of_files(tmp_path: Path) -> No
         text=True,
     )
     assert result.returncode == 2 and "broken.json" in result.stderr and result.stdout == ""
+
+
+def test_merge_refuses_what_is_not_one_run_per_rank(tmp_path: Path) -> None:
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(3)):
+        pass
+    sw.save(tmp_path / "a.json")
+    (tmp_path / "ranks.json").write_text('{"format": "stepwatch-ranks", "schema": 1, "ranks": []}')
+    for files, message in (
+        (["a.json", "a.json", "-o", "m.json"], None),  # the same run twice has no rank: taken as ranks 0 and 1
+        (["ranks.json", "-o", "m.json"], "non-empty list"),
+        (["missing.json", "-o", "m.json"], "cannot read"),
+    ):
+        result = subprocess.run(
+            [PYTHON, "-m", "stepwatch", "merge", *files],
+            cwd=tmp_path,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+        )
+        if message is None:
+            assert result.returncode == 0, result.stderr
+            assert len(stepwatch._saved.load_runs(tmp_path / "m.json")) == 2
+        else:
+            assert result.returncode == 2 and message in result.stderr and "\n" not in result.stderr.strip()

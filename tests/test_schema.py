@@ -289,3 +289,26 @@ def test_corrupt_state_dict_is_refused_before_anything_is_replaced(clock: FakeCl
     assert {p: s.calls for p, s in after.stages.items()} == {p: s.calls for p, s in before.stages.items()}
     assert sw.state_dict()["summary"]  # still usable: state_dict and report work
     assert "forward" in sw.report()
+
+
+@pytest.mark.parametrize("field", ["format", "schema", "ranks", "a rank"])
+def test_all_ranks_files_with_hostile_fields(tmp_path: Path, field: str) -> None:
+    """An all-ranks file (stepwatch merge) of real runs, one field at a time made hostile: it loads, or it is a
+    FormatError of one line."""
+    from stepwatch._saved import load_runs
+
+    document = {"format": "stepwatch-ranks", "schema": 1, "ranks": [RUNS["cpu"], RUNS["workers"]]}
+    path = tmp_path / "ranks.json"
+    for value in HOSTILE:
+        mutated = copy.deepcopy(document)
+        if field == "a rank":
+            mutated["ranks"][1] = value
+        else:
+            mutated[field] = value
+        path.write_text(json.dumps(mutated))
+        try:
+            runs = load_runs(path)
+        except FormatError as error:
+            assert str(path) in str(error) and "\n" not in str(error)
+        else:
+            assert runs and all(isinstance(run, stepwatch.Summary) for run in runs)

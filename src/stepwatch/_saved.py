@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from ._recorder import Stopwatch
 
 FORMAT = "stepwatch"
+RANKS_FORMAT = "stepwatch-ranks"
+"""An all-ranks file: the runs of every rank of one job (``stepwatch merge``)."""
 SCHEMA = 1
 
 
@@ -104,8 +106,18 @@ def save_summary(summary: Summary, path: str | os.PathLike[str]) -> None:
     """Writes ``summary`` to ``path`` via a temporary file in the same folder and an atomic rename. The file
     gets the mode an ordinary ``open()`` would give it (the umask applied), an existing file keeps its mode,
     and a symlink is written through to its target."""
+    _write(summary_to_json(summary), path)
+
+
+def save_ranks(summaries: list[Summary], path: str | os.PathLike[str]) -> None:
+    """Writes the runs of several ranks as one all-ranks file (``stepwatch merge``), as :func:`save_summary`
+    writes one run."""
+    documents = [json.loads(summary_to_json(summary)) for summary in summaries]
+    _write(json.dumps({"format": RANKS_FORMAT, "schema": SCHEMA, "ranks": documents}, indent=1), path)
+
+
+def _write(text: str, path: str | os.PathLike[str]) -> None:
     target = os.path.realpath(os.fspath(path))
-    text = summary_to_json(summary)
     try:
         mode = os.stat(target).st_mode & 0o7777
     except FileNotFoundError:
@@ -138,6 +150,32 @@ def _umask() -> int:
     current = os.umask(0o022)
     os.umask(current)
     return current
+
+
+def load_runs(path: str | os.PathLike[str]) -> list[Summary]:
+    """Reads a saved run, or the runs of an all-ranks file; errors as :func:`load_summary`'s."""
+    with open(path, "rb") as file:
+        raw = file.read()
+    try:
+        document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        document = None  # parse_summary says why
+    if not isinstance(document, dict) or document.get("format") != RANKS_FORMAT:
+        return [parse_summary(raw, path)]
+    schema = document.get("schema")
+    if isinstance(schema, bool) or not isinstance(schema, int) or not 1 <= schema <= SCHEMA:
+        raise FormatError(path, f"corrupt all-ranks file: schema {schema!r} is not one this stepwatch reads")
+    ranks = document.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise FormatError(path, 'corrupt all-ranks file: "ranks" must be a non-empty list of runs')
+    runs = []
+    for index, run in enumerate(ranks):
+        try:
+            text = json.dumps(run).encode("utf-8")
+        except (TypeError, ValueError, RecursionError):
+            raise FormatError(path, f"corrupt all-ranks file: run {index} cannot be read") from None
+        runs.append(parse_summary(text, f"{os.fspath(path)} (run {index})"))
+    return runs
 
 
 def load_summary(path: str | os.PathLike[str]) -> Summary:

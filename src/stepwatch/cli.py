@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a stage to gate with --fail-if-slower (a path like step/forward, or a name); repeatable",
     )
 
+    merge = commands.add_parser("merge", help="merge the runs of a job's ranks into one all-ranks file")
+    merge.add_argument("file", nargs="+", help="the ranks' runs (runs/ddp.rank*.json), or all-ranks files")
+    merge.add_argument("-o", "--output", required=True, help="the all-ranks file to write")
     commands.add_parser("run", help="run a training program unchanged and report where its steps' time goes")
     commands.add_parser("demo", help="train a small CNN twice and show what stepwatch tells (demo --help)")
     return parser
@@ -105,20 +108,55 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_ranks(paths: list[str]) -> int:
-    """The all-ranks report of per-rank files (one per rank), merged offline."""
+def _load_runs(paths: list[str]) -> list[Summary] | None:
+    """The runs in saved files and all-ranks files, or None after one line on stderr."""
+    from ._saved import load_runs
+
+    runs: list[Summary] = []
+    for path in paths:
+        try:
+            runs += load_runs(path)
+        except FormatError as error:
+            print(f"stepwatch: {error}", file=sys.stderr)
+            return None
+        except OSError as error:
+            print(f"stepwatch: {path}: cannot read: {error.strerror or error}", file=sys.stderr)
+            return None
+    return runs
+
+
+def _report_ranks(runs: list[Summary]) -> int:
+    """The all-ranks report of one run per rank, merged offline."""
     from ._ranks import ranks_report
     from ._render import render_ranks
 
-    summaries = [_load(path) for path in paths]
-    if any(summary is None for summary in summaries):
-        return 2
     try:
-        report = ranks_report([s for s in summaries if s is not None])
+        report = ranks_report(runs)
     except ValueError as error:
         print(f"stepwatch: {error}", file=sys.stderr)
         return 2
     sys.stdout.write(render_ranks(report))
+    return 0
+
+
+def _merge(paths: list[str], output: str) -> int:
+    """``stepwatch merge``: one all-ranks file from the ranks' runs, checked to make an all-ranks report."""
+    from ._ranks import ranks_report
+    from ._saved import save_ranks
+
+    runs = _load_runs(paths)
+    if runs is None:
+        return 2
+    try:
+        ranks_report(runs)
+        save_ranks(runs, output)
+    except ValueError as error:
+        print(f"stepwatch: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"stepwatch: {output}: cannot write: {error.strerror or error}", file=sys.stderr)
+        return 2
+    print(f"stepwatch: {len(runs)} ranks merged into {output}", file=sys.stderr)
     return 0
 
 
@@ -140,16 +178,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     if args.command == "compare":
         return _compare(args)
-    if args.command == "report" and len(args.file) > 1:
-        return _report_ranks(args.file)
+    if args.command == "merge":
+        return _merge(args.file, args.output)
     if args.command == "report":
-        args.file = args.file[0]
+        runs = _load_runs(args.file)
+        if runs is None:
+            return 2
+        if len(runs) > 1:
+            return _report_ranks(runs)
+        sys.stdout.write(FORMATS["text"].render(runs[0]))
+        return 0
     summary = _load(args.file)
     if summary is None:
         return 2
-    if args.command == "report":
-        sys.stdout.write(FORMATS["text"].render(summary))
-        return 0
     chosen = FORMATS[args.format] if args.format else None
     if args.output:
         guessed = format_for_path(args.output)
