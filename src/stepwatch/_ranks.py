@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ._summary import PhaseSummary, Summary
+from ._summary import ONE_OFF, OTHER, PhaseSummary, Summary
 
 STRAGGLER = 0.15
 """A rank is the straggler when one of its pre-synchronization stages exceeds the median over ranks by more
@@ -22,7 +22,6 @@ PRE_SYNC = ("loader", "step/h2d", "step/forward")
 EQUALIZED = ("step/backward", "step/optimizer")
 """Stages that collectives equalize (the all-reduce in backward under DDP, the optimizer under ZeRO): every
 rank waits there for the slowest, so they never blame a rank."""
-_ONE_OFF = ("first_batch", "first_step")
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,7 @@ def ranks_report(summaries: Sequence[Summary], phase: str | None = None) -> Rank
             path, {rank: p.stages[path].total / p.steps if path in p.stages else 0.0 for rank, p in phases.items()}
         )
         for path in paths
-        if path.split("/", 1)[0] not in _ONE_OFF and not path.endswith("/other")
+        if path.split("/", 1)[0] not in ONE_OFF and not path.endswith(f"/{OTHER}")
     ]
     return RanksReport(phase, ranks, stages, _straggler(stages, ranks))
 

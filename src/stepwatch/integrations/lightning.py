@@ -31,8 +31,8 @@ from .. import _default
 from .._auto import batch_size
 from .._loops import Beats
 from .._patches import Patches
-from .._summary import Summary
-from .._tree import DEFAULT_PHASE, DROPPED, FOLD
+from .._summary import ONE_OFF, OTHER, Summary
+from .._tree import DEFAULT_PHASE, DROPPED, FOLD, OVERFLOW
 from .._watch import instrument_always, uninstrument
 
 try:
@@ -293,7 +293,7 @@ def _parse(action_name: str) -> tuple[str, str, str]:
 
 def _safe(name: str) -> str:
     cleaned = "".join(c if c.isprintable() and c != "/" else "_" for c in name.strip()) or "action"
-    return cleaned if cleaned not in ("other", "first_batch", "first_step", "(overflow)") else f"{cleaned}_"
+    return cleaned if cleaned not in (OTHER, *ONE_OFF, OVERFLOW) else f"{cleaned}_"  # the reserved names
 
 
 def _record(stopwatch: Any, name: str, elapsed_ns: int) -> None:

@@ -208,13 +208,7 @@ def attach(trainer: Any, out: str | os.PathLike[str] | None = None, *, val_phase
     if callable(getattr(trainer, "_save_checkpoint", None)):
         attachment.wrap("_save_checkpoint", attachment.timed("save"))
     backward = accelerator.backward
-    block = _default.timed("backward")
-
-    def timed_backward(*args: Any, **kwargs: Any) -> Any:
-        with block:
-            return backward(*args, **kwargs)
-
-    accelerator.backward = functools.wraps(backward)(timed_backward)
+    accelerator.backward = functools.wraps(backward)(attachment.timed("backward")(backward))
     trainer.add_callback(_callback_class(transformers)(attachment))
     return attachment
 
