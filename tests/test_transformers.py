@@ -86,6 +86,8 @@ def test_training_gets_the_breakdown_and_the_logs_carry_it(tmp_path: Path) -> No
     assert report.returncode == 0 and "stepwatch · train · 11 steps" in report.stdout
     attachment.detach()
     assert "get_batch_samples" not in vars(trainer) and "log" not in vars(trainer)
+    assert "backward" not in vars(trainer.accelerator)
+    assert not any(type(cb).__name__ == "StepwatchCallback" for cb in trainer.callback_handler.callbacks)
 
 
 def test_a_trainer_without_the_expected_methods_is_refused_by_name(tmp_path: Path) -> None:

@@ -50,6 +50,8 @@ class Attachment:
         self.enabled_here = False
         self.summary: Summary | None = None
         self.originals: dict[str, Any] = {}
+        self.backward_before: Any = None  # the accelerator's own backward attribute, if it had one
+        self.callback: Any = None
 
     # -- the wrappers -------------------------------------------------------------------------------------
 
@@ -159,13 +161,21 @@ class Attachment:
             self.enabled_here = False
 
     def detach(self) -> None:
-        """Puts the trainer's own methods back."""
+        """Puts the trainer's own methods, its accelerator's backward and its callbacks back as they were."""
         for name, own in self.originals.items():
             if own is None:
                 self.trainer.__dict__.pop(name, None)
             else:
                 setattr(self.trainer, name, own)
         self.originals.clear()
+        accelerator = self.trainer.accelerator
+        if self.backward_before is None:
+            accelerator.__dict__.pop("backward", None)
+        else:
+            accelerator.backward = self.backward_before
+        if self.callback is not None:
+            self.trainer.remove_callback(self.callback)
+            self.callback = None
 
 
 def metrics() -> dict[str, float]:
@@ -208,8 +218,10 @@ def attach(trainer: Any, out: str | os.PathLike[str] | None = None, *, val_phase
     if callable(getattr(trainer, "_save_checkpoint", None)):
         attachment.wrap("_save_checkpoint", attachment.timed("save"))
     backward = accelerator.backward
+    attachment.backward_before = accelerator.__dict__.get("backward")
     accelerator.backward = functools.wraps(backward)(attachment.timed("backward")(backward))
-    trainer.add_callback(_callback_class(transformers)(attachment))
+    attachment.callback = _callback_class(transformers)(attachment)
+    trainer.add_callback(attachment.callback)
     return attachment
 
 
