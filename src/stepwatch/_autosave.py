@@ -17,8 +17,11 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
+from .distributed import in_job
+
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
+    from .distributed import AllRanks
 
 logger = logging.getLogger("stepwatch")
 
@@ -78,26 +81,37 @@ def save_all(reason: str, final: bool = True) -> None:
                 callback()
             except Exception as error:  # the save must still happen
                 logger.error("stepwatch: at %s: %s", reason, error)
+    gathered: dict[int, AllRanks | None] = {}
     for stopwatch in list(_installed.values()):
         if stopwatch.out is None or (_reports.get(id(stopwatch), (None, False))[1] and not stopwatch._phases):
             continue
         try:
-            stopwatch.save(stopwatch.out)
+            # at the end, each rank of a job also sends its summary to rank 0, which writes the all-ranks file
+            _, gathered[id(stopwatch)] = stopwatch._save_run(
+                stopwatch.out, gather=final and in_job(), tag=f"{stopwatch.out}#end", among=stopwatch.out
+            )
         except Exception as error:  # a failing save must not hide the program's own outcome
             logger.error("stepwatch: could not save the run to %s at %s: %s", stopwatch.out, reason, error)
     if final:
         for key, (stopwatch, skip_empty) in list(_reports.items()):
             del _reports[key]
             if not (skip_empty and not stopwatch._phases):
-                _print_report(stopwatch)
+                _print_report(stopwatch, gathered.get(key))
 
 
-def _print_report(stopwatch: Stopwatch) -> None:
+def _print_report(stopwatch: Stopwatch, gathered: AllRanks | None) -> None:
+    """The report on stderr; in a job of several ranks, rank 0's own and the all-ranks report, on rank 0 only."""
     try:
-        from .distributed import rank_path
+        from .distributed import all_ranks_path, rank_info, rank_path
 
+        info = rank_info()
+        if info is not None and info["world_size"] > 1 and info["rank"] != 0:
+            return
         text = stopwatch.report()
         written = None if stopwatch.out is None else rank_path(stopwatch.out)
+        if gathered is not None and gathered.world_size > 1 and stopwatch.out is not None:
+            text += "\n" + gathered.render()
+            written = all_ranks_path(stopwatch.out)
         if written is not None and os.path.exists(written):
             text += f"stepwatch: run saved to {os.path.relpath(written)}\n"
         sys.stderr.write(text)

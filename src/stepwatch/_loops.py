@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._device import _Loop
 from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, collect, pop_frame
 from ._watch import loader_config
+from .distributed import announce
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -138,6 +139,9 @@ def iterate(
     loop_phase = phase if own_phase else None
     iterator: Any = None
     site = LoopSite(None if driven or beats else sys._getframe(1), phase.name)  # the frame calling next()
+    if outer and sw.out is not None:
+        announce(sw.out)  # in a job of several ranks: rank 0 is to wait for this rank's run at exit
+    gather_every = sw._gather_every if outer and sw.out is not None else 0
     if not outer:
         _check_enclosing(sw, site)
     sites = sw._loop_sites.setdefault(threading.get_ident(), [])
@@ -190,6 +194,9 @@ def iterate(
                     sw._update_flags()
                 elif sw._hot and not sw._measuring:  # a block that spanned the window's end is done?
                     sw._update_flags()
+                if gather_every and index and index % gather_every == 0:
+                    sw._save_during_run()  # between two steps: in neither, nor in the loop's time
+                    now = clock()
             if sw._measuring:
                 first = index == 0 and own_phase  # a one-off: workers starting, caches filling
                 wait_frame = (LOOP, first_node if first else wait_node, now)

@@ -8,11 +8,16 @@ Reads summaries only (one per rank, from saved files or a gather).
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ._summary import ONE_OFF, OTHER, PhaseSummary, Summary
+
+if TYPE_CHECKING:
+    from ._analysis import Comparison
 
 STRAGGLER = 0.15
 """A rank is the straggler when one of its pre-synchronization stages exceeds the median over ranks by more
@@ -157,3 +162,63 @@ def _straggler(stages: Sequence[StageSpread], ranks: Sequence[RankFigures]) -> S
         if blame is not None and blame.per_rank.get(rank, 0.0) - blame.median > 0.5 * excess:
             worst = Straggler(rank, blame.path, excess, step)
     return worst
+
+
+@dataclass(frozen=True)
+class RanksComparison:
+    """Two jobs of several ranks side by side, one phase: the job's stages (each stage over all ranks: the
+    ranks' calls and totals added up) with the job's throughput (the sum over ranks), each rank's time per
+    step, and the straggler of each."""
+
+    job: Comparison
+    ranks: Sequence[tuple[int, float | None, float | None]]
+    """Per rank: its time per step (loader + step) before and after, None where it has no step."""
+    stragglers: tuple[Straggler | None, Straggler | None]
+    counts: tuple[int, int]
+    """How many ranks each job has."""
+
+
+def merge_ranks(summaries: Sequence[Summary]) -> Summary:
+    """The ranks as one run: every stage's calls and totals added up, so its time per call is the mean over
+    the ranks' calls."""
+    return functools.reduce(Summary.merge, summaries[1:], summaries[0])
+
+
+def compare_ranks(before: Sequence[Summary], after: Sequence[Summary], phase: str | None = None) -> RanksComparison:
+    """``phase`` of two jobs (default: the first phase in common, else the main phase); either may be one
+    run, as a job of one rank."""
+    from ._analysis import compare
+
+    job = compare(merge_ranks(before), merge_ranks(after), phase)
+    units = list(dict.fromkeys([*_job_rates(before, job.phase), *_job_rates(after, job.phase)]))
+    rates_before, rates_after = _job_rates(before, job.phase), _job_rates(after, job.phase)
+    job = replace(job, throughput={unit: (rates_before.get(unit), rates_after.get(unit)) for unit in units})
+    steps_before, steps_after = _step_times(before, job.phase), _step_times(after, job.phase)
+    ranks = [(rank, steps_before.get(rank), steps_after.get(rank)) for rank in sorted({*steps_before, *steps_after})]
+    return RanksComparison(
+        job, ranks, (_straggler_of(before, job.phase), _straggler_of(after, job.phase)), (len(before), len(after))
+    )
+
+
+def _job_rates(summaries: Sequence[Summary], phase: str) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for summary in summaries:
+        for unit, rate in (summary.phases[phase].throughput if phase in summary.phases else {}).items():
+            total[unit] = total.get(unit, 0.0) + rate
+    return total
+
+
+def _step_times(summaries: Sequence[Summary], phase: str) -> dict[int, float]:
+    times = {}
+    for index, summary in enumerate(summaries):
+        measured = summary.phases.get(phase)
+        if measured is not None and measured.steps:
+            times[rank_of(summary, index)] = measured.measured / measured.steps
+    return times
+
+
+def _straggler_of(summaries: Sequence[Summary], phase: str) -> Straggler | None:
+    try:
+        return ranks_report(summaries, phase).straggler
+    except ValueError:  # no rank measured a step of it, or one rank twice: no straggler to name
+        return None

@@ -105,6 +105,8 @@ class Stopwatch(Results, ThreadStacks):
         self._hot = False
         self._was_enabled = False
         self.out: str | None = None
+        self._gather_every = 0  # save, ranks gathered, every that many steps of a loop (0: only at exit)
+        self._gathers = 0
         self._describe_auto: Callable[[], str] | None = None  # what auto-instrumentation found, for the report
         self._phases: dict[str, Phase] = {}
         self._phase_of_root: dict[Node, str] = {}
@@ -132,11 +134,14 @@ class Stopwatch(Results, ThreadStacks):
         warmup: int | None = None,
         active: int | None = None,
         every: int | None = None,
+        gather_every: int | None = None,
     ) -> None:
         """Start recording. With ``out``, the run is also saved there at exit, on an uncaught exception and
-        on SIGTERM/SIGINT (a relative path is resolved now, not at exit). ``warmup``, ``active`` and
-        ``every``, when given, replace those parts of the schedule (see :class:`Stopwatch`); the parts not
-        given stay."""
+        on SIGTERM/SIGINT (a relative path is resolved now, not at exit); in a job of several ranks, at exit
+        each rank writes its own file and rank 0 also gathers every rank's summary into the all-ranks file
+        at ``out``. ``gather_every``: also save so, ranks gathered, every that many steps of the training loop
+        (a job killed later keeps them). ``warmup``, ``active`` and ``every``, when given, replace those parts
+        of the schedule (see :class:`Stopwatch`); the parts not given stay."""
         schedule = self.schedule
         if warmup is not None or active is not None or every is not None:
             check_steps(warmup, "warmup", optional=True)
@@ -146,7 +151,12 @@ class Stopwatch(Results, ThreadStacks):
                 schedule.every if every is None else every,
             )
         path = None if out is None else out_path(out)
+        if gather_every is not None:
+            check_steps(gather_every, "gather_every", optional=False)
+            if gather_every < 1 or path is None:
+                raise ValueError(f"gather_every needs out= and a positive number of steps, got {gather_every!r}")
         with self._lock:
+            self._gather_every = gather_every or 0
             self.schedule = schedule
             self._open_device()
             if self._started_wall is None:
@@ -160,6 +170,17 @@ class Stopwatch(Results, ThreadStacks):
 
             self.out = path
             install(self)
+
+    def _save_during_run(self) -> None:
+        """``gather_every``'s save: each rank writes its file, rank 0 gathers the all-ranks file. Called by the
+        outermost loop between two steps, on every rank at the same step; never raises into the training."""
+        if self.out is None:
+            return
+        self._gathers += 1
+        try:
+            self._save_run(self.out, gather=True, tag=f"{self.out}#{self._gathers}", among=self.out)
+        except Exception as error:
+            logger.error("stepwatch: could not save the run to %s during the run: %s", self.out, error)
 
     def _open_device(self) -> None:
         if self._device is None and self._device_spec is not None:

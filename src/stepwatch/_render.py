@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._analysis import Comparison, Verdict, analyze
-from ._ranks import RanksReport
+from ._ranks import RanksComparison, RanksReport
 from ._summary import PhaseSummary, StageStats, Summary
 
 MS = 1e3
@@ -247,10 +247,11 @@ def format_for_path(path: str) -> Format | None:
     return None
 
 
-def render_ranks(report: RanksReport) -> str:
+def render_ranks(report: RanksReport, world_size: int | None = None) -> str:
     """The all-ranks report: each stage's spread over the ranks, each rank's figures, the straggler."""
     count = len(report.ranks)
-    lines = [f"stepwatch · all ranks · {report.phase} · {count} ranks · ms per step"]
+    of = f" of {world_size}" if world_size is not None and world_size > count else ""
+    lines = [f"stepwatch · all ranks · {report.phase} · {count}{of} ranks · ms per step"]
     header = ("stage", "median", "min", "(rank)", "max", "(rank)", "max/median", "")
     rows = [header]
     for spread in report.stages:
@@ -299,4 +300,27 @@ def render_ranks(report: RanksReport) -> str:
             f" about that much per step waiting for it (backward and optimizer are equalized by collectives and"
             f" never blamed)"
         )
+    return "\n".join(lines) + "\n"
+
+
+def render_ranks_comparison(comparison: RanksComparison, before_name: str = "before", after_name: str = "after") -> str:
+    """Two jobs of several ranks: the job's stages (over all ranks) and throughput (sum over ranks), each
+    rank's time per step, and each job's straggler."""
+    before_count, after_count = comparison.counts
+    text = render_comparison(comparison.job, before_name, after_name)
+    lines = text.rstrip("\n").split("\n")
+    lines[0] += f"; all ranks: {before_count} -> {after_count} ranks, per call over every rank's calls"
+    lines.append("")
+    lines.append("rank  before ms/step  after ms/step  change %")
+    for rank, before, after in comparison.ranks:
+        change = f"{(after / before - 1) * 100:+.1f}%" if before and after else "-"
+        cells = ("-" if before is None else _ms(before), "-" if after is None else _ms(after))
+        lines.append(f"{rank:>4}  {cells[0]:>14}  {cells[1]:>13}  {change:>8}")
+    for label, straggler in zip(("before", "after"), comparison.stragglers, strict=True):
+        named = (
+            "none"
+            if straggler is None
+            else f"rank {straggler.rank}, {straggler.stage} (+{_ms(straggler.excess_s)} ms per step over the median)"
+        )
+        lines.append(f"straggler {label}: {named}")
     return "\n".join(lines) + "\n"

@@ -9,14 +9,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ._summary import DeviceLoad, PhaseSummary, StageStats, Summary
 from ._tree import Phase, collect
+from .distributed import all_ranks_path
 
 if TYPE_CHECKING:
     from ._device import DeviceTimer
     from ._recorder import Stopwatch
+    from .distributed import AllRanks
 
 
 class Results:
@@ -33,8 +35,29 @@ class Results:
 
     # -- results -----------------------------------------------------------------------------------------
 
-    def summary(self) -> Summary:
-        """An immutable snapshot of everything recorded so far (open blocks are not included)."""
+    @overload
+    def summary(self, ranks: None = None, *, timeout: float | None = None) -> Summary: ...
+
+    @overload
+    def summary(self, ranks: Literal["all"], *, timeout: float | None = None) -> AllRanks | None: ...
+
+    def summary(
+        self, ranks: Literal["all"] | None = None, *, timeout: float | None = None
+    ) -> Summary | AllRanks | None:
+        """An immutable snapshot of everything recorded so far (open blocks are not included).
+
+        With ``ranks="all"``, called on every rank of a ``torch.distributed`` job: rank 0 gets every rank's
+        summary as :class:`~stepwatch.distributed.AllRanks`, the other ranks None. Rank 0 waits at most
+        ``timeout`` seconds (default ``STEPWATCH_GATHER_TIMEOUT`` or 30) for the others."""
+        if ranks is None:
+            return self._snapshot()
+        if ranks != "all":
+            raise ValueError(f"ranks must be 'all' or None, got {ranks!r}")
+        from .distributed import gather
+
+        return gather(self._snapshot(), timeout=timeout)
+
+    def _snapshot(self) -> Summary:
         from ._saved import build_metadata
 
         with self._lock:
@@ -66,18 +89,44 @@ class Results:
         """The human-readable table of :meth:`summary`."""
         from ._render import render_text
 
-        return render_text(self.summary())
+        return render_text(self._snapshot())
 
-    def save(self, path: str | os.PathLike[str]) -> str:
+    def save(
+        self, path: str | os.PathLike[str], ranks: Literal["all"] | None = None, *, timeout: float | None = None
+    ) -> str:
         """Write the run as JSON (atomically: a temporary file renamed over ``path``). In a job of several
-        ranks, each rank writes its own file (see ``stepwatch.distributed.rank_path``); returns the path
-        written."""
+        ranks, each rank writes its own file (see ``stepwatch.distributed.rank_path``); with ``ranks="all"``,
+        called on every rank, rank 0 also gathers the ranks' summaries and writes the all-ranks file at
+        ``path``. Returns the path written (rank 0's all-ranks file, when it wrote one)."""
+        if ranks not in (None, "all"):
+            raise ValueError(f"ranks must be 'all' or None, got {ranks!r}")
+        written, gathered = self._save_run(path, gather=ranks == "all", timeout=timeout)
+        return written if gathered is None or gathered.world_size <= 1 else all_ranks_path(path)
+
+    def _save_run(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        gather: bool,
+        timeout: float | None = None,
+        tag: str | None = None,
+        among: str | None = None,
+    ) -> tuple[str, AllRanks | None]:
+        """Writes this rank's file; with ``gather``, also gathers the ranks onto rank 0, which writes the
+        all-ranks file. Returns this rank's file and, on rank 0, what was gathered."""
         from ._saved import save_summary
+        from .distributed import gather as gather_ranks
         from .distributed import rank_path
 
         written = rank_path(path)
-        save_summary(self.summary(), written)
-        return written
+        summary = self._snapshot()
+        save_summary(summary, written)  # first: whatever happens to the gather, this rank's figures are kept
+        if not gather:
+            return written, None
+        gathered = gather_ranks(summary, timeout=timeout, tag=tag, among=among)
+        if gathered is not None and gathered.world_size > 1:
+            gathered.save(all_ranks_path(path))
+        return written, gathered
 
     def load(self, path: str | os.PathLike[str]) -> Summary:
         """Read a saved run; the same as ``stepwatch.load``."""

@@ -10,6 +10,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from ._summary import Summary
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
+    from .distributed import AllRanks
 
 FORMAT = "stepwatch"
 RANKS_FORMAT = "stepwatch-ranks"
@@ -109,11 +111,20 @@ def save_summary(summary: Summary, path: str | os.PathLike[str]) -> None:
     _write(summary_to_json(summary), path)
 
 
-def save_ranks(summaries: list[Summary], path: str | os.PathLike[str]) -> None:
-    """Writes the runs of several ranks as one all-ranks file (``stepwatch merge``), as :func:`save_summary`
-    writes one run."""
+def save_ranks(
+    summaries: list[Summary], path: str | os.PathLike[str], world_size: int | None = None, missing: Sequence[int] = ()
+) -> None:
+    """Writes the runs of several ranks as one all-ranks file (the gather, ``stepwatch merge``), as
+    :func:`save_summary` writes one run; ``missing``: the ranks of the job that did not answer."""
     documents = [json.loads(summary_to_json(summary)) for summary in summaries]
-    _write(json.dumps({"format": RANKS_FORMAT, "schema": SCHEMA, "ranks": documents}, indent=1), path)
+    document = {
+        "format": RANKS_FORMAT,
+        "schema": SCHEMA,
+        "world_size": len(summaries) + len(missing) if world_size is None else world_size,
+        "missing": list(missing),
+        "ranks": documents,
+    }
+    _write(json.dumps(document, indent=1), path)
 
 
 def _write(text: str, path: str | os.PathLike[str]) -> None:
@@ -154,6 +165,13 @@ def _umask() -> int:
 
 def load_runs(path: str | os.PathLike[str]) -> list[Summary]:
     """Reads a saved run, or the runs of an all-ranks file; errors as :func:`load_summary`'s."""
+    return list(load_ranks(path).runs)
+
+
+def load_ranks(path: str | os.PathLike[str]) -> AllRanks:
+    """Reads an all-ranks file (or one saved run, as a job of its own); errors as :func:`load_summary`'s."""
+    from .distributed import AllRanks
+
     with open(path, "rb") as file:
         raw = file.read()
     try:
@@ -161,7 +179,7 @@ def load_runs(path: str | os.PathLike[str]) -> list[Summary]:
     except (ValueError, RecursionError):
         document = None  # parse_summary says why
     if not isinstance(document, dict) or document.get("format") != RANKS_FORMAT:
-        return [parse_summary(raw, path)]
+        return AllRanks((parse_summary(raw, path),), 1)
     schema = document.get("schema")
     if isinstance(schema, bool) or not isinstance(schema, int) or not 1 <= schema <= SCHEMA:
         raise FormatError(path, f"corrupt all-ranks file: schema {schema!r} is not one this stepwatch reads")
@@ -175,7 +193,13 @@ def load_runs(path: str | os.PathLike[str]) -> list[Summary]:
         except (TypeError, ValueError, RecursionError):
             raise FormatError(path, f"corrupt all-ranks file: run {index} cannot be read") from None
         runs.append(parse_summary(text, f"{os.fspath(path)} (run {index})"))
-    return runs
+    missing = document.get("missing", [])
+    if not isinstance(missing, list) or not all(type(rank) is int and rank >= 0 for rank in missing):
+        raise FormatError(path, 'corrupt all-ranks file: "missing" must be a list of ranks')
+    world = document.get("world_size", len(runs) + len(missing))
+    if type(world) is not int or world < len(runs) + len(missing):
+        raise FormatError(path, f"corrupt all-ranks file: world_size {world!r} is fewer than its ranks")
+    return AllRanks(tuple(runs), world, tuple(missing))
 
 
 def load_summary(path: str | os.PathLike[str]) -> Summary:

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from ._analysis import common_phases, compare
-from ._render import FORMATS, format_for_path, render_comparison
+from ._ranks import compare_ranks, merge_ranks
+from ._render import FORMATS, format_for_path, render_comparison, render_ranks_comparison
 from ._saved import FormatError, load_summary
 from ._summary import Summary
 
@@ -72,9 +73,11 @@ def _compare(args: argparse.Namespace) -> int:
     if gate is not None and not (math.isfinite(gate) and gate >= 0):
         print(f"stepwatch: --fail-if-slower needs a percentage of 0 or more, got {gate:g}", file=sys.stderr)
         return 2
-    before, after = _load(args.before), _load(args.after)
-    if before is None or after is None:
+    before_runs, after_runs = _load_runs([args.before]), _load_runs([args.after])
+    if before_runs is None or after_runs is None:
         return 2
+    jobs = len(before_runs) > 1 or len(after_runs) > 1  # all-ranks files: the jobs are compared
+    before, after = merge_ranks(before_runs), merge_ranks(after_runs)
     phases = common_phases(before, after)
     if not phases:
         print(
@@ -83,13 +86,21 @@ def _compare(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    comparisons = [compare(before, after, phase) for phase in phases]
+    if jobs:
+        of_ranks = [compare_ranks(before_runs, after_runs, phase) for phase in phases]
+        comparisons = [job.job for job in of_ranks]
+    else:
+        comparisons = [compare(before, after, phase) for phase in phases]
     known = {change.path for comparison in comparisons for change in comparison.stages}
     unknown = [name for name in args.stage if not any(p == name or p.endswith(f"/{name}") for p in known)]
     if unknown:
         print(f"stepwatch: no stage named {', '.join(unknown)} in either run", file=sys.stderr)
         return 2
-    sys.stdout.write("\n".join(render_comparison(c, args.before, args.after) for c in comparisons))
+    if jobs:
+        texts = [render_ranks_comparison(job, args.before, args.after) for job in of_ranks]
+    else:
+        texts = [render_comparison(c, args.before, args.after) for c in comparisons]
+    sys.stdout.write("\n".join(texts))
     if gate is None:
         return 0
     gated = comparisons[0]  # the main phase in common (train when both have it)
@@ -125,17 +136,35 @@ def _load_runs(paths: list[str]) -> list[Summary] | None:
     return runs
 
 
-def _report_ranks(runs: list[Summary]) -> int:
-    """The all-ranks report of one run per rank, merged offline."""
-    from ._ranks import ranks_report
-    from ._render import render_ranks
+def _report_ranks(paths: list[str]) -> int:
+    """The report of one run, else the all-ranks report of an all-ranks file or of one run per rank (merged
+    offline)."""
+    from ._saved import load_ranks
+    from .distributed import AllRanks
 
+    jobs: list[AllRanks] = []
+    for path in paths:
+        try:
+            jobs.append(load_ranks(path))
+        except FormatError as error:
+            print(f"stepwatch: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"stepwatch: {path}: cannot read: {error.strerror or error}", file=sys.stderr)
+            return 2
+    runs = tuple(run for job in jobs for run in job.runs)
+    if len(runs) == 1:
+        sys.stdout.write(FORMATS["text"].render(runs[0]))
+        return 0
+    worlds = [job.world_size for job in jobs] + [run.metadata.get("world_size") for run in runs]
+    world = max([len(runs), *(size for size in worlds if type(size) is int)])
+    job = AllRanks(runs, world, tuple(rank for job in jobs for rank in job.missing))
     try:
-        report = ranks_report(runs)
+        job.report()
     except ValueError as error:
         print(f"stepwatch: {error}", file=sys.stderr)
         return 2
-    sys.stdout.write(render_ranks(report))
+    sys.stdout.write(job.render())
     return 0
 
 
@@ -181,13 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "merge":
         return _merge(args.file, args.output)
     if args.command == "report":
-        runs = _load_runs(args.file)
-        if runs is None:
-            return 2
-        if len(runs) > 1:
-            return _report_ranks(runs)
-        sys.stdout.write(FORMATS["text"].render(runs[0]))
-        return 0
+        return _report_ranks(args.file)
     summary = _load(args.file)
     if summary is None:
         return 2

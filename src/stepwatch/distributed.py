@@ -1,36 +1,126 @@
-"""Many ranks: which rank of a ``torch.distributed`` job this process is, and the run file of its own.
+"""Many ranks: which rank of a ``torch.distributed`` job this process is, its own run file, and the gather.
 
 The rank, local rank and world size come from ``torch.distributed`` when the program has initialized it (torch
 is never imported here: only looked up among the loaded modules), else from the ``RANK``, ``LOCAL_RANK`` and
 ``WORLD_SIZE`` variables that ``torchrun`` and most launchers set. In a job of more than one rank, each rank's
 run file gets its own name, so that ranks never write over one another's file.
+
+The gather brings every rank's summary to rank 0 through the job's own ``torch.distributed`` store (the
+key-value store its process group was built on) rather than a collective on the group: each rank posts its
+summary and goes on without waiting, and rank 0 waits for the others with a deadline. A dead or hung rank
+therefore costs rank 0 at most the timeout and a warning, never a hang, on every backend (a collective left
+unfinished on NCCL makes its watchdog abort the training), and the gather still works after the program
+called ``destroy_process_group`` (the store is kept from when the group was up).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
-from typing import Any
+import time
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._ranks import RanksReport
+    from ._summary import Summary
+
+logger = logging.getLogger("stepwatch")
 
 RANK_FIELD = "{rank}"
 """Placed in ``out`` or ``STEPWATCH_OUT`` (``runs/ddp.{rank}.json``), it is replaced by the rank."""
+GATHER_TIMEOUT = 30.0
+"""Seconds rank 0 waits in all for the other ranks' summaries (``STEPWATCH_GATHER_TIMEOUT`` replaces it)."""
+_PREFIX = "stepwatch"
+
+
+@dataclass(frozen=True)
+class AllRanks:
+    """The summaries of a job's ranks, gathered onto rank 0 (or read from per-rank files): one per rank that
+    answered, by rank, and the ranks that did not answer in time."""
+
+    runs: tuple[Summary, ...]
+    world_size: int
+    missing: tuple[int, ...] = ()
+
+    def report(self, phase: str | None = None) -> RanksReport:
+        """The all-ranks figures and the straggler verdict of ``phase`` (default: the main phase)."""
+        from ._ranks import ranks_report
+
+        return ranks_report(self.runs, phase)
+
+    def render(self, phase: str | None = None) -> str:
+        """The all-ranks report as text, with the ranks that did not answer named."""
+        from ._render import render_ranks
+
+        try:
+            text = render_ranks(self.report(phase), self.world_size)
+        except ValueError as error:  # no rank measured a step of the phase
+            text = f"stepwatch · all ranks: {error}\n"
+        if self.missing:
+            text += (
+                f"missing: rank {', '.join(map(str, self.missing))}: no answer in time (a rank's own run file, if"
+                " it wrote one, has its figures)\n"
+            )
+        return text
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the all-ranks file that ``stepwatch report`` and ``stepwatch compare`` read."""
+        from ._saved import save_ranks
+
+        save_ranks(list(self.runs), path, self.world_size, self.missing)
+
+
+@dataclass
+class _Job:
+    pid: int
+    info: dict[str, int]
+    store: Any
+    announced: set[str]
+
+
+_job: _Job | None = None
+_gathers = 0
 
 
 def rank_info() -> dict[str, int] | None:
-    """``{"rank", "local_rank", "world_size"}`` of this process, or None outside a distributed job."""
+    """``{"rank", "local_rank", "world_size"}`` of this process, or None outside a distributed job. After
+    ``destroy_process_group`` the job seen while the group was up still tells."""
     dist: Any = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
             rank, world = int(dist.get_rank()), int(dist.get_world_size())
             local = _env_int("LOCAL_RANK")
-            return {"rank": rank, "local_rank": rank if local is None else local, "world_size": world}
-    except Exception:  # a process group being torn down: the environment still tells
+            info = {"rank": rank, "local_rank": rank if local is None else local, "world_size": world}
+            _remember(dist, info)
+            return info
+    except Exception:  # a process group being torn down: what was seen, or the environment, still tells
         pass
+    if _job is not None and _job.pid == os.getpid():
+        return dict(_job.info)
     env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
     if env_rank is None or env_world is None:
         return None
     local = _env_int("LOCAL_RANK")
     return {"rank": env_rank, "local_rank": env_rank if local is None else local, "world_size": env_world}
+
+
+def _remember(dist: Any, info: dict[str, int]) -> None:
+    """Keeps the job and its store, so that the gather at exit works after ``destroy_process_group``."""
+    global _job
+    if _job is not None and _job.pid == os.getpid() and _job.info == info:
+        return
+    store = None
+    if info["world_size"] > 1:
+        try:
+            store = dist.distributed_c10d._get_default_store()
+        except Exception as error:  # an older or unusual torch: each rank keeps its own file
+            logger.warning("stepwatch: no gather of the ranks (the job's store cannot be read: %s)", error)
+    _job = _Job(os.getpid(), info, store, set())
 
 
 def rank_path(path: str | os.PathLike[str], info: dict[str, int] | None = None) -> str:
@@ -44,6 +134,136 @@ def rank_path(path: str | os.PathLike[str], info: dict[str, int] | None = None) 
         return path
     root, extension = os.path.splitext(path)
     return f"{root}.rank{info['rank']}{extension}"
+
+
+def all_ranks_path(path: str | os.PathLike[str]) -> str:
+    """Where rank 0 writes the all-ranks file: ``path`` itself (``runs/ddp.json``, beside the ranks'
+    ``runs/ddp.rank<N>.json``), or with ``{rank}`` replaced by ``all``."""
+    return os.fspath(path).replace(RANK_FIELD, "all")
+
+
+def in_job() -> bool:
+    """Whether this process is one rank of a job of several that the gather can reach."""
+    info = rank_info()
+    return info is not None and info["world_size"] > 1 and _job is not None and _job.store is not None
+
+
+def announce(out: str) -> None:
+    """Tells rank 0, once per run file, that this rank records into ``out`` and will post its summary at exit:
+    rank 0 waits at exit only for the ranks that announced (a rank that records nothing is not waited for)."""
+    if not in_job() or _job is None or out in _job.announced:
+        return
+    _job.announced.add(out)
+    try:
+        _job.store.set(_key("present", out, _job.info["rank"]), b"1")
+    except Exception as error:
+        logger.warning("stepwatch: rank %d cannot reach the job's store: %s", _job.info["rank"], error)
+
+
+def gather(
+    summary: Summary,
+    *,
+    timeout: float | None = None,
+    tag: str | None = None,
+    among: str | None = None,
+    windows: bool = False,
+) -> AllRanks | None:
+    """Brings every rank's ``summary`` to rank 0: rank 0 gets :class:`AllRanks`, the other ranks None (at once:
+    they post theirs and go on). Call it on every rank, as a collective. Outside a job of several ranks, the
+    one summary. Rank 0 waits ``timeout`` seconds in all (default :data:`GATHER_TIMEOUT`); the ranks that did
+    not answer by then are warned about and listed in ``missing``. ``tag`` names the gather (the same on every
+    rank; default: a count of the gathers). With ``among``, only the ranks that announced it
+    (:func:`announce`) are waited for: the gather at exit, which a rank that records nothing never reaches.
+    ``windows`` also sends each stage's recent measurements (for per-rank percentiles), which the figures of
+    the all-ranks report do not need."""
+    global _gathers
+    info = rank_info()
+    if info is None or info["world_size"] <= 1:
+        return AllRanks((summary,), 1)
+    job = _job
+    rank, world = info["rank"], info["world_size"]
+    if job is None or job.store is None:
+        logger.warning("stepwatch: rank %d cannot gather (no store of the job): its own file is all there is", rank)
+        return None if rank else AllRanks((summary,), world, tuple(range(1, world)))
+    if tag is None:
+        _gathers += 1
+        name = f"gather{_gathers}"
+    else:
+        name = tag
+    store = job.store
+    if rank != 0:
+        try:
+            store.set(_key("run", name, rank), _encode(summary, windows))
+        except Exception as error:
+            logger.warning("stepwatch: rank %d could not send its summary to rank 0: %s", rank, error)
+        return None
+    deadline = time.monotonic() + (gather_timeout() if timeout is None else timeout)
+    expected = range(1, world) if among is None else [r for r in range(1, world) if _present(store, among, r)]
+    runs: dict[int, Summary] = {0: summary}
+    missing: list[int] = []
+    for other in expected:
+        key = _key("run", name, other)
+        try:
+            store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        except Exception:
+            missing.append(other)
+            logger.warning(
+                "stepwatch: rank %d did not answer within %g s; the all-ranks report has the others, its own run"
+                " file has its figures",
+                other,
+                gather_timeout() if timeout is None else timeout,
+            )
+            continue
+        try:
+            runs[other] = _decode(store.get(key))
+            store.delete_key(key)
+        except Exception as error:
+            missing.append(other)
+            logger.warning("stepwatch: rank %d %s", other, error)
+    return AllRanks(tuple(runs[r] for r in sorted(runs)), world, tuple(missing))
+
+
+def gather_timeout() -> float:
+    raw = os.environ.get("STEPWATCH_GATHER_TIMEOUT", "").strip()
+    try:
+        value = float(raw) if raw else GATHER_TIMEOUT
+    except ValueError:
+        return GATHER_TIMEOUT
+    return value if value >= 0 and value == value else GATHER_TIMEOUT
+
+
+def _present(store: Any, name: str, rank: int) -> bool:
+    try:
+        return bool(store.check([_key("present", name, rank)]))
+    except Exception:
+        return False
+
+
+def _key(kind: str, name: str, rank: int) -> str:
+    return f"{_PREFIX}/{kind}/{name}/{rank}"
+
+
+def _encode(summary: Summary, windows: bool) -> bytes:
+    """The summary's exact integer statistics as compressed JSON, without the recent measurements unless
+    ``windows``: a few kilobytes per rank."""
+    data = summary.to_dict()
+    for phase in data["phases"].values():
+        for stage in phase["stages"].values():
+            stage.pop("seconds", None)
+            for part in (stage, stage.get("device") or {}):
+                part.pop("seconds", None)
+                if not windows and "recent_ns" in part:
+                    part["recent_ns"] = []
+    return zlib.compress(json.dumps(data, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+
+
+def _decode(payload: bytes) -> Summary:
+    from ._summary import Summary
+
+    try:
+        return Summary.from_dict(json.loads(zlib.decompress(payload).decode("utf-8")))
+    except Exception as error:
+        raise ValueError(f"sent a summary that cannot be read ({error})") from None
 
 
 def _env_int(name: str) -> int | None:
