@@ -102,18 +102,14 @@ def save_all(reason: str, final: bool = True) -> None:
 def _print_report(stopwatch: Stopwatch, gathered: AllRanks | None) -> None:
     """The report on stderr; in a job of several ranks, rank 0's own and the all-ranks report, on rank 0 only."""
     try:
-        from .distributed import all_ranks_path, rank_info, rank_path
+        from .distributed import end_report, is_rank_zero, rank_path
 
-        info = rank_info()
-        if info is not None and info["world_size"] > 1 and info["rank"] != 0:
+        if not is_rank_zero():
             return
         text = stopwatch.report()
         written = None if stopwatch.out is None else rank_path(stopwatch.out)
-        if gathered is not None and gathered.world_size > 1 and stopwatch.out is not None:
-            text += "\n" + gathered.render()
-            written = all_ranks_path(stopwatch.out)
-        if written is not None and os.path.exists(written):
-            text += f"stepwatch: run saved to {os.path.relpath(written)}\n"
+        if stopwatch.out is not None and written is not None and os.path.exists(written):
+            text = end_report(text, written, gathered, stopwatch.out)
         sys.stderr.write(text)
         sys.stderr.flush()
     except Exception as error:  # the program's own outcome must show, whatever happens here

@@ -75,6 +75,21 @@ class AllRanks:
         save_ranks(list(self.runs), path, self.world_size, self.missing)
 
 
+def end_report(text: str, written: str, gathered: AllRanks | None, out: str | os.PathLike[str]) -> str:
+    """A rank's report at the end of a run, followed, on rank 0 of a job of several ranks, by the all-ranks
+    report, and the file to read it again from."""
+    if gathered is not None and gathered.world_size > 1:
+        text += "\n" + gathered.render()
+        written = all_ranks_path(out)
+    return text + f"stepwatch: run saved to {os.path.relpath(written)}\n"
+
+
+def is_rank_zero() -> bool:
+    """Whether this process reports for its job: rank 0, or a process outside a job of several ranks."""
+    info = rank_info()
+    return info is None or info["world_size"] <= 1 or info["rank"] == 0
+
+
 @dataclass
 class _Job:
     pid: int

@@ -34,6 +34,7 @@ from .._patches import Patches
 from .._summary import ONE_OFF, OTHER, Summary
 from .._tree import DEFAULT_PHASE, DROPPED, FOLD, OVERFLOW
 from .._watch import instrument_always, uninstrument
+from ..distributed import AllRanks, end_report, in_job
 
 try:
     from lightning.pytorch.profilers import Profiler
@@ -90,6 +91,8 @@ class StepwatchProfiler(Profiler):
         self._pending_count: int | None = None
         self._optimizer: list[int] | None = None  # [segment start or -1 while paused, own ns so far, depth]
         self._summary: Summary | None = None
+        self._written: str | None = None  # this rank's run file, once saved
+        self._gathered: AllRanks | None = None  # on rank 0 of a job of several ranks: every rank's summary
         self._log_dir: str | None = None
         self._backward_depth = 0  # [Strategy].backward actions open
         self._manual_backward: Any = None  # the block timing a manual_backward(), between its hooks
@@ -177,8 +180,8 @@ class StepwatchProfiler(Profiler):
         self._prepare_streams()
         if self._write_stream is not None:
             text = _default.report() if self._summary is None else _render(self._summary)
-            if self.out is not None:
-                text += f"stepwatch: run saved to {self.out}\n"
+            if self.out is not None and self._written is not None:
+                text = end_report(text, self._written, self._gathered, self.out)
             self._write_stream(text)
         if self._output_file is not None:
             self._output_file.flush()
@@ -274,9 +277,9 @@ class StepwatchProfiler(Profiler):
         self._summary = _default.summary()
         if self.out is None:
             self.out = os.path.join(self._log_dir or os.getcwd(), "stepwatch.json")
-        if self._summary.phases:
+        if self._summary.phases or in_job():  # every rank of a job takes part in the gather
             os.makedirs(os.path.dirname(os.path.abspath(self.out)), exist_ok=True)
-            _default.save(self.out)
+            self._written, self._gathered = _default._save_run(self.out, gather=True)
         if self._enabled_here:
             _default.disable()
             _default.schedule = self._schedule_before  # the default stopwatch as it was

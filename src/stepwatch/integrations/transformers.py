@@ -33,6 +33,7 @@ from .._auto import batch_size
 from .._loops import Beats
 from .._summary import Summary
 from .._tree import DEFAULT_PHASE
+from ..distributed import end_report, is_rank_zero
 
 _WRAPPED = ("get_batch_samples", "training_step", "_prepare_inputs", "compute_loss", "log", "evaluate")
 
@@ -153,9 +154,10 @@ class Attachment:
         self.summary = _default.summary()
         out = self.out or os.path.join(self.trainer.args.output_dir or os.getcwd(), "stepwatch.json")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        _default.save(out)
+        written, gathered = _default._save_run(out, gather=True)  # in a job of several ranks, rank 0 gathers
         self.out = out
-        sys.stderr.write(_default.report() + f"stepwatch: run saved to {out}\n")
+        if is_rank_zero():
+            sys.stderr.write(end_report(_default.report(), written, gathered, out))
         if self.enabled_here:
             _default.disable()
             self.enabled_here = False
