@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,13 +12,16 @@ import pytest
 import torch.multiprocessing as mp
 
 import stepwatch
-from stepwatch._ranks import ranks_report
+from stepwatch._ranks import RanksReport, ranks_report
+from stepwatch._saved import load_ranks, save_ranks
 from stepwatch.distributed import rank_info, rank_path
 
-from .conftest import PYTHON, subprocess_env
+from .conftest import PYTHON, FakeClock, subprocess_env
 
 sys.path.insert(0, str(Path(__file__).parent / "programs"))
 import ranks
+
+PROGRAMS = Path(__file__).parent / "programs"
 
 RECORD = "import stepwatch\nfor _ in stepwatch.timed_iter(range(3)):\n    pass\n"
 
@@ -83,47 +87,62 @@ def test_a_single_process_keeps_its_file_name(tmp_path: Path) -> None:
     assert stepwatch.load(tmp_path / "run.json").metadata["rank"] is None
 
 
-def ddp_runs(tmp_path: Path, busy_s: tuple[float, float], slow_forward_rank: int = -1) -> list[stepwatch.Summary]:
+def ddp_runs(tmp_path: Path, busy_s: tuple[float, ...], slow_forward_rank: int = -1) -> list[stepwatch.Summary]:
+    """A real DDP job of ``len(busy_s)`` ranks; its per-rank files, checked to hold the same figures as the
+    all-ranks file rank 0 gathered live."""
+    world = len(busy_s)
     out = tmp_path / "ddp.json"
-    args = (2, str(tmp_path / "init"), str(out), busy_s, slow_forward_rank)
-    mp.spawn(ranks.ddp_train, args=args, nprocs=2)
-    return [stepwatch.load(tmp_path / f"ddp.rank{rank}.json") for rank in (0, 1)]
+    args = (world, str(tmp_path / "init"), str(out), busy_s, slow_forward_rank)
+    mp.spawn(ranks.ddp_train, args=args, nprocs=world)
+    per_rank = [stepwatch.load(tmp_path / f"ddp.rank{rank}.json") for rank in range(world)]
+    gathered = load_ranks(out)
+    assert gathered.world_size == world and not gathered.missing
+    assert figures(ranks_report(gathered.runs)) == figures(ranks_report(per_rank))
+    return per_rank
+
+
+def figures(report: RanksReport) -> tuple[object, ...]:
+    """What the all-ranks report says, exactly: each stage per rank, each rank's figures, the straggler."""
+    return tuple((s.path, dict(s.per_rank)) for s in report.stages), tuple(report.ranks), report.straggler
 
 
 @pytest.mark.slow
-def test_a_rank_with_a_slow_dataset_is_the_straggler_though_backward_hides_it(tmp_path: Path) -> None:
-    runs = ddp_runs(tmp_path, (0.0005, 0.0015))  # rank 1 reads each sample 3x slower
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_rank_with_a_slow_dataset_is_the_straggler_though_backward_hides_it(tmp_path: Path, world: int) -> None:
+    slow = world - 1  # reads each sample 3x slower than the others
+    runs = ddp_runs(tmp_path, tuple(0.0015 if rank == slow else 0.0005 for rank in range(world)))
     report = ranks_report(runs)
     assert report.straggler is not None
-    assert report.straggler.rank == 1 and report.straggler.stage.startswith("loader")
+    assert report.straggler.rank == slow and report.straggler.stage.startswith("loader")
     backward = next(s for s in report.stages if s.path == "step/backward")
-    assert backward.equalized and backward.high[1] == 0  # rank 0 waits for rank 1 inside the all-reduce
+    assert backward.equalized and backward.low[1] == slow  # the others wait for it inside the all-reduce
     assert report.job_throughput["samples"] == pytest.approx(sum(r.throughput["samples"] for r in report.ranks))
+    per_rank = [str(tmp_path / f"ddp.rank{rank}.json") for rank in range(world)]
     result = subprocess.run(
-        [PYTHON, "-m", "stepwatch", "report", str(tmp_path / "ddp.rank0.json"), str(tmp_path / "ddp.rank1.json")],
+        [PYTHON, "-m", "stepwatch", "report", *per_rank],
         env=subprocess_env(),
         capture_output=True,
         text=True,
     )
     assert result.returncode == 0, result.stderr
-    assert "stepwatch · all ranks · train · 2 ranks" in result.stdout
-    assert "straggler: rank 1, loader" in result.stdout
+    assert f"stepwatch · all ranks · train · {world} ranks" in result.stdout
+    assert f"straggler: rank {slow}, loader" in result.stdout
     report_text = result.stdout
 
-    # merged offline into one all-ranks file, which reports the same figures
+    # the all-ranks file gathered live, and the per-rank files merged offline, report the same
     merged = tmp_path / "all.json"
-    per_rank = [str(tmp_path / "ddp.rank0.json"), str(tmp_path / "ddp.rank1.json")]
     result = subprocess.run(
         [PYTHON, "-m", "stepwatch", "merge", *per_rank, "-o", str(merged)],
         env=subprocess_env(),
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 0 and "2 ranks merged" in result.stderr, result.stderr
-    again = subprocess.run(
-        [PYTHON, "-m", "stepwatch", "report", str(merged)], env=subprocess_env(), capture_output=True, text=True
-    )
-    assert again.returncode == 0 and again.stdout == report_text
+    assert result.returncode == 0 and f"{world} ranks merged" in result.stderr, result.stderr
+    for all_ranks in (merged, tmp_path / "ddp.json"):
+        again = subprocess.run(
+            [PYTHON, "-m", "stepwatch", "report", str(all_ranks)], env=subprocess_env(), capture_output=True, text=True
+        )
+        assert again.returncode == 0 and again.stdout == report_text
 
 
 @pytest.mark.slow
@@ -193,3 +212,135 @@ def test_merge_refuses_what_is_not_one_run_per_rank(tmp_path: Path) -> None:
             assert len(stepwatch._saved.load_runs(tmp_path / "m.json")) == 2
         else:
             assert result.returncode == 2 and message in result.stderr and "\n" not in result.stderr.strip()
+
+
+@pytest.mark.slow
+def test_ranks_with_different_stages_gather_live_and_a_rank_that_left_costs_only_the_timeout(tmp_path: Path) -> None:
+    out = tmp_path / "live.json"
+    mp.spawn(ranks.gather_live, args=(4, str(tmp_path / "init"), str(out), -1, 60.0), nprocs=4)
+    gathered = load_ranks(out)
+    assert gathered.world_size == 4 and not gathered.missing
+    assert [run.metadata["rank"] for run in gathered.runs] == [0, 1, 2, 3]
+    report = ranks_report(gathered.runs)
+    for rank in range(4):  # each rank's own stage came back, and counts as 0 on the others
+        only = next(s for s in report.stages if s.path == f"step/only{rank}")
+        assert only.per_rank[rank] > 0 and all(only.per_rank[r] == 0 for r in range(4) if r != rank)
+    own = [stepwatch.load(tmp_path / f"live.own{rank}.rank{rank}.json") for rank in range(4)]
+    assert figures(report) == figures(ranks_report(own))  # the gather changes no figure
+    assert all(stage.recent_ns == () for run in gathered.runs[1:] for stage in run.stages.values())  # kept small
+
+    # rank 2 returns before the gather, as a rank that died would: rank 0 waits its timeout, then goes on
+    out = tmp_path / "left.json"
+    mp.spawn(ranks.gather_live, args=(3, str(tmp_path / "init2"), str(out), 2, 2.0), nprocs=3)
+    gathered = load_ranks(out)
+    assert gathered.missing == (2,) and gathered.world_size == 3
+    assert [run.metadata["rank"] for run in gathered.runs] == [0, 1]
+    waited = json.loads((tmp_path / "left.json.waited").read_text())
+    assert waited["missing"] == [2] and 2.0 <= waited["waited"] < 30  # the timeout, not a hang
+    assert "missing: rank 2" in gathered.render() and "2 of 3 ranks" in gathered.render()
+
+
+@pytest.mark.slow
+def test_gather_every_n_steps_leaves_an_all_ranks_file_during_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "every.json"
+    mp.spawn(ranks.gather_every, args=(2, str(tmp_path / "init"), str(out)), nprocs=2)
+    # read at steps 5 and 9: saved after 4 and 8 loop items (the first is the one-off first step)
+    assert json.loads((tmp_path / "every.json.seen").read_text()) == [[3, 3], [7, 7]]
+    assert stepwatch.load(tmp_path / "every.rank1.json").main_phase.steps == 7
+
+
+def torchrun(tmp_path: Path, nprocs: int, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nprocs), *args]
+    return subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=subprocess_env(PYTHONPATH=str(PROGRAMS), OMP_NUM_THREADS="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_save_at_exit_and_rank_0_writes_the_all_ranks_file(tmp_path: Path) -> None:
+    """``stepwatch.enable(out=...)`` inside a script launched by torchrun with 4 ranks, rank 2 reading 3x slower."""
+    result = torchrun(tmp_path, 4, str(PROGRAMS / "ddp_job.py"), "--out", "runs/ddp.json", "--slow-rank", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = sorted(path.name for path in (tmp_path / "runs").iterdir())
+    assert names == ["ddp.json", "ddp.rank0.json", "ddp.rank1.json", "ddp.rank2.json", "ddp.rank3.json"]
+    gathered = load_ranks(tmp_path / "runs" / "ddp.json")
+    per_rank = [stepwatch.load(tmp_path / "runs" / f"ddp.rank{rank}.json") for rank in range(4)]
+    assert gathered.world_size == 4 and not gathered.missing
+    assert figures(ranks_report(gathered.runs)) == figures(ranks_report(per_rank))
+    straggler = ranks_report(gathered.runs).straggler
+    assert straggler is not None and straggler.rank == 2 and straggler.stage.startswith("loader")
+
+
+@pytest.mark.slow
+def test_torchrun_stepwatch_run_reports_all_ranks_and_survives_a_rank_that_dies(tmp_path: Path) -> None:
+    """``torchrun -m stepwatch run``: zero code; rank 1 ends abruptly, before sending its summary."""
+    script = str(PROGRAMS / "ddp_job.py")
+    result = torchrun(tmp_path, 2, "-m", "stepwatch", "run", script, "--die-rank", "1", STEPWATCH_GATHER_TIMEOUT="3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stepwatch: rank 1 did not answer within 3 s" in result.stderr
+    assert "stepwatch · all ranks · train · 1 of 2 ranks" in result.stderr
+    assert "missing: rank 1" in result.stderr and "run saved to ddp_job.stepwatch.json" in result.stderr
+    assert result.stderr.count("stepwatch · train ·") == 1  # rank 0's own report, and no other rank's
+    assert sorted(path.name for path in tmp_path.glob("*.json")) == [
+        "ddp_job.stepwatch.json",
+        "ddp_job.stepwatch.rank0.json",
+    ]
+
+    result = torchrun(tmp_path, 2, "-m", "stepwatch", "run", "-o", "zero.json", script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    gathered = load_ranks(tmp_path / "zero.json")
+    assert [run.metadata["rank"] for run in gathered.runs] == [0, 1] and not gathered.missing
+    assert all(run.main_phase.steps == 15 and "step/backward" in run.stages for run in gathered.runs)
+    assert "no straggler" in result.stderr
+
+
+def job_file(path: Path, forward_ms: list[int], clock: FakeClock) -> None:
+    """An all-ranks file of one rank per entry of ``forward_ms``, on a controlled clock (2 samples a step)."""
+    runs = []
+    for rank, forward in enumerate(forward_ms):
+        sw = stepwatch.Stopwatch(clock=clock)
+        sw.enable()
+        for _ in sw.timed_iter(range(5)):
+            clock.advance(1_000_000)
+            with sw.timed("forward"):
+                clock.advance(forward * 1_000_000)
+            sw.count(samples=2)
+        summary = sw.summary()
+        runs.append(dataclasses.replace(summary, metadata={**summary.metadata, "rank": rank, "world_size": 2}))
+    save_ranks(runs, path)
+
+
+def test_compare_all_ranks_files_job_and_per_rank(tmp_path: Path, clock: FakeClock) -> None:
+    job_file(tmp_path / "before.json", [2, 6], clock)  # rank 1's forward holds the job back
+    job_file(tmp_path / "after.json", [2, 2], clock)
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "compare", "before.json", "after.json", "--fail-if-slower", "1"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "all ranks: 2 -> 2 ranks" in lines[0]
+    # the job: forward per call over both ranks' calls, 4 ms -> 2 ms; throughput summed over the ranks
+    assert any(line.split()[:4] == ["forward", "4.000", "2.000", "-2.000"] for line in lines)
+    rate_before = 2 / 0.003 + 2 / 0.007
+    assert f"samples/s: {rate_before:,.1f} -> {2 * 2 / 0.003:,.1f}" in result.stdout
+    assert any(line.split() == ["1", "7.000", "3.000", "-57.1%"] for line in lines)  # rank 1's ms per step
+    assert "straggler before: rank 1, step/forward (+2.000 ms per step over the median)" in lines
+    assert "straggler after: none" in lines
+
+    slower = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "compare", "after.json", "before.json", "--fail-if-slower", "10"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert slower.returncode == 1 and "time per step +66.7%" in slower.stderr

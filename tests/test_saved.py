@@ -82,9 +82,14 @@ def test_failed_save_keeps_the_previous_file(tmp_path: Path, clock: FakeClock) -
     sw.save(path)
     good = path.read_text()
     with pytest.raises(OSError):
-        sw.save(tmp_path / "missing-folder" / "run.json")
+        sw.save(path / "run.json")  # a file where its folder should be
     assert path.read_text() == good
     assert sorted(os.listdir(tmp_path)) == ["run.json"]
+
+
+def test_save_makes_a_missing_folder(tmp_path: Path, clock: FakeClock) -> None:
+    recorded(clock).save(tmp_path / "runs" / "today" / "run.json")
+    assert stepwatch.load(tmp_path / "runs" / "today" / "run.json").main_phase.steps > 0
 
 
 BAD_FILES = {

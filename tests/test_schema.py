@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -291,13 +292,19 @@ def test_corrupt_state_dict_is_refused_before_anything_is_replaced(clock: FakeCl
     assert "forward" in sw.report()
 
 
-@pytest.mark.parametrize("field", ["format", "schema", "ranks", "a rank"])
+@pytest.mark.parametrize("field", ["format", "schema", "ranks", "a rank", "world_size", "missing"])
 def test_all_ranks_files_with_hostile_fields(tmp_path: Path, field: str) -> None:
-    """An all-ranks file (stepwatch merge) of real runs, one field at a time made hostile: it loads, or it is a
-    FormatError of one line."""
-    from stepwatch._saved import load_runs
+    """An all-ranks file (the gather, stepwatch merge) of real runs, one field at a time made hostile: it
+    loads, or it is a FormatError of one line."""
+    from stepwatch._saved import load_ranks
 
-    document = {"format": "stepwatch-ranks", "schema": 1, "ranks": [RUNS["cpu"], RUNS["workers"]]}
+    document = {
+        "format": "stepwatch-ranks",
+        "schema": 1,
+        "world_size": 3,
+        "missing": [2],
+        "ranks": [RUNS["cpu"], RUNS["workers"]],
+    }
     path = tmp_path / "ranks.json"
     for value in HOSTILE:
         mutated = copy.deepcopy(document)
@@ -307,8 +314,41 @@ def test_all_ranks_files_with_hostile_fields(tmp_path: Path, field: str) -> None
             mutated[field] = value
         path.write_text(json.dumps(mutated))
         try:
-            runs = load_runs(path)
+            job = load_ranks(path)
         except FormatError as error:
             assert str(path) in str(error) and "\n" not in str(error)
         else:
-            assert runs and all(isinstance(run, stepwatch.Summary) for run in runs)
+            assert job.runs and all(isinstance(run, stepwatch.Summary) for run in job.runs)
+            assert job.world_size >= len(job.runs) + len(job.missing)
+            assert all(type(rank) is int and rank >= 0 for rank in job.missing)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=st.sampled_from(sorted(RUNS)), data=st.data())
+def test_gathered_payloads_corrupted_are_refused_with_one_line(run: str, data: st.DataObject) -> None:
+    """What a rank sends rank 0 in a gather (compressed JSON of its summary), with bytes flipped, cut or
+    fields made hostile: rank 0 reads a usable summary or refuses it with one line, never crashes."""
+    from stepwatch.distributed import _decode, _encode
+
+    payload = _encode(parse_summary(json.dumps(RUNS[run]).encode()), windows=False)
+    assert _decode(payload).phases.keys() == parse_summary(json.dumps(RUNS[run]).encode()).phases.keys()
+    how = data.draw(st.sampled_from(["flip", "cut", "field"]))
+    if how == "flip":
+        index = data.draw(st.integers(0, len(payload) - 1))
+        payload = payload[:index] + bytes([payload[index] ^ data.draw(st.integers(1, 255))]) + payload[index + 1 :]
+    elif how == "cut":
+        payload = payload[: data.draw(st.integers(0, len(payload) - 1))]
+    else:
+        document = json.loads(zlib.decompress(payload))
+        path = data.draw(st.sampled_from(paths(document)))
+        target = document
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = data.draw(st.sampled_from(HOSTILE))
+        payload = zlib.compress(json.dumps(document, allow_nan=True, default=str).encode())
+    try:
+        summary = _decode(payload)
+    except ValueError as error:
+        assert "\n" not in str(error) and str(error).startswith("sent a summary that cannot be read")
+    else:
+        assert isinstance(FORMATS["text"].render(summary), str)

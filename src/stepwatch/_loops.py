@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._device import _Loop
 from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, collect, pop_frame
 from ._watch import loader_config
-from .distributed import announce
+from .distributed import seen_by
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -139,8 +139,8 @@ def iterate(
     loop_phase = phase if own_phase else None
     iterator: Any = None
     site = LoopSite(None if driven or beats else sys._getframe(1), phase.name)  # the frame calling next()
-    if outer and sw.out is not None:
-        announce(sw.out)  # in a job of several ranks: rank 0 is to wait for this rank's run at exit
+    if outer:
+        seen_by(sw.out)  # the job is kept while its group is up; rank 0 is to wait for this rank's run at exit
     gather_every = sw._gather_every if outer and sw.out is not None else 0
     if not outer:
         _check_enclosing(sw, site)

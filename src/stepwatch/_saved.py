@@ -107,7 +107,7 @@ def summary_to_json(summary: Summary) -> str:
 def save_summary(summary: Summary, path: str | os.PathLike[str]) -> None:
     """Writes ``summary`` to ``path`` via a temporary file in the same folder and an atomic rename. The file
     gets the mode an ordinary ``open()`` would give it (the umask applied), an existing file keeps its mode,
-    and a symlink is written through to its target."""
+    a symlink is written through to its target, and a missing folder is made."""
     _write(summary_to_json(summary), path)
 
 
@@ -134,6 +134,7 @@ def _write(text: str, path: str | os.PathLike[str]) -> None:
     except FileNotFoundError:
         mode = 0o666 & ~_umask()
     folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)  # out="runs/ddp.json" before runs/ exists
     handle, temporary = tempfile.mkstemp(prefix=".stepwatch-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:

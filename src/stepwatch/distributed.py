@@ -163,6 +163,14 @@ def in_job() -> bool:
     return info is not None and info["world_size"] > 1 and _job is not None and _job.store is not None
 
 
+def seen_by(out: str | None) -> None:
+    """Called as a training loop starts: keeps the job (rank, store) while its process group is up, for the
+    gather at the end, and announces ``out``, when given."""
+    rank_info()
+    if out is not None:
+        announce(out)
+
+
 def announce(out: str) -> None:
     """Tells rank 0, once per run file, that this rank records into ``out`` and will post its summary at exit:
     rank 0 waits at exit only for the ranks that announced (a rank that records nothing is not waited for)."""

@@ -1,5 +1,6 @@
 """A rank of a real torch.distributed job (gloo, CPU) that records with stepwatch, for the distributed tests."""
 
+import json
 import os
 import time
 
@@ -68,6 +69,56 @@ def ddp_train(rank, world, init_file, out, busy_s, slow_forward_rank):
                 optimizer.step()
                 optimizer.zero_grad()
             sw.count(samples=len(y))
-        sw.save(out)
     finally:
         dist.destroy_process_group()
+    sw.save(out, ranks="all")  # after the group is gone, as scripts end: the gather still reaches rank 0
+
+
+def gather_live(rank, world, init_file, out, leaving_rank, timeout):
+    """Each rank records its own stages (rank r also times ``only<r>``) and they gather live onto rank 0,
+    except ``leaving_rank``, which returns before the gather, as a rank that died would. Rank 0 writes what it
+    gathered to ``out``, and how long it waited; every rank writes its own file as well."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(name, None)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(6)):
+        with sw.timed("forward"):
+            spin(0.0005 * (rank + 1))
+        with sw.timed(f"only{rank}"):
+            pass
+        sw.count(samples=2)
+    dist.barrier()
+    if rank == leaving_rank:
+        return
+    sw.save(out.replace(".json", f".own{rank}.json"))
+    started = time.perf_counter()
+    gathered = sw.summary(ranks="all", timeout=timeout)
+    waited = time.perf_counter() - started
+    if rank != 0:
+        assert gathered is None, "only rank 0 gets the gathered summaries"
+        return
+    gathered.save(out)
+    with open(out + ".waited", "w") as file:
+        json.dump({"waited": waited, "missing": list(gathered.missing)}, file)
+
+
+def gather_every(rank, world, init_file, out):
+    """Saves, ranks gathered, every 4 steps of a 10-step loop; rank 0 reads the all-ranks file before the
+    loop's end, as a job killed there would leave it."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(name, None)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    sw = stepwatch.Stopwatch()
+    sw.enable(out=out, gather_every=4)
+    seen = []
+    for index in sw.timed_iter(range(10)):
+        with sw.timed("forward"):
+            dist.barrier()
+        if rank == 0 and index in (5, 9):
+            seen.append([run.main_phase.steps for run in stepwatch._saved.load_runs(out)])
+    if rank == 0:
+        with open(out + ".seen", "w") as file:
+            json.dump(seen, file)
+    dist.destroy_process_group()
