@@ -21,13 +21,14 @@ import os
 import sys
 import time
 import zlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._ranks import RanksReport
-    from ._summary import Summary
+    from ._summary import StageStats, Summary
 
 logger = logging.getLogger("stepwatch")
 
@@ -224,26 +225,28 @@ def gather(
     expected = range(1, world) if among is None else [r for r in range(1, world) if _present(store, among, r)]
     runs: dict[int, Summary] = {0: summary}
     missing: list[int] = []
-    for other in expected:
-        key = _key("run", name, other)
-        try:
-            store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
-        except Exception:
-            missing.append(other)
-            logger.warning(
-                "stepwatch: rank %d did not answer within %g s; the all-ranks report has the others, its own run"
-                " file has its figures",
-                other,
-                gather_timeout() if timeout is None else timeout,
-            )
-            continue
+    keys = {other: _key("run", name, other) for other in expected}
+    try:  # one wait for them all; only when it times out is each rank looked at
+        store.wait(list(keys.values()), timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+    except Exception:
+        for other, key in list(keys.items()):
+            if not _has(store, key):
+                missing.append(other)
+                del keys[other]
+                logger.warning(
+                    "stepwatch: rank %d did not answer within %g s; the all-ranks report has the others, its own"
+                    " run file has its figures",
+                    other,
+                    gather_timeout() if timeout is None else timeout,
+                )
+    for other, key in keys.items():
         try:
             runs[other] = _decode(store.get(key))
             store.delete_key(key)
         except Exception as error:
             missing.append(other)
             logger.warning("stepwatch: rank %d %s", other, error)
-    return AllRanks(tuple(runs[r] for r in sorted(runs)), world, tuple(missing))
+    return AllRanks(tuple(runs[r] for r in sorted(runs)), world, tuple(sorted(missing)))
 
 
 def gather_timeout() -> float:
@@ -256,8 +259,12 @@ def gather_timeout() -> float:
 
 
 def _present(store: Any, name: str, rank: int) -> bool:
+    return _has(store, _key("present", name, rank))
+
+
+def _has(store: Any, key: str) -> bool:
     try:
-        return bool(store.check([_key("present", name, rank)]))
+        return bool(store.check([key]))
     except Exception:
         return False
 
@@ -268,16 +275,30 @@ def _key(kind: str, name: str, rank: int) -> str:
 
 def _encode(summary: Summary, windows: bool) -> bytes:
     """The summary's exact integer statistics as compressed JSON, without the recent measurements unless
-    ``windows``: a few kilobytes per rank."""
+    ``windows``: a kilobyte or two per rank."""
+    if not windows:
+        phases = summary.phases
+        summary = replace(
+            summary, phases={name: replace(p, stages=_without_windows(p.stages)) for name, p in phases.items()}
+        )
     data = summary.to_dict()
     for phase in data["phases"].values():
         for stage in phase["stages"].values():
-            stage.pop("seconds", None)
-            for part in (stage, stage.get("device") or {}):
-                part.pop("seconds", None)
-                if not windows and "recent_ns" in part:
-                    part["recent_ns"] = []
+            stage.pop("seconds", None)  # figures for people, derived from the integers sent
+            if stage.get("device") is not None:
+                stage["device"].pop("seconds", None)
     return zlib.compress(json.dumps(data, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+
+
+def _without_windows(stages: Mapping[str, StageStats]) -> dict[str, StageStats]:
+    return {
+        path: replace(
+            stage,
+            recent_ns=(),
+            device=None if stage.device is None else replace(stage.device, recent_ns=()),
+        )
+        for path, stage in stages.items()
+    }
 
 
 def _decode(payload: bytes) -> Summary:
