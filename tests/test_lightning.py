@@ -126,3 +126,28 @@ def test_importing_stepwatch_never_imports_lightning() -> None:
     code = "import sys, stepwatch; print('lightning' in sys.modules or 'pytorch_lightning' in sys.modules)"
     result = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.slow
+def test_on_two_ddp_ranks_rank_0_gathers_and_reports_all_ranks(tmp_path: Path) -> None:
+    """Lightning's own DDP launcher starts rank 1; at the end of fit each rank saves, rank 0 gathers."""
+    programs = Path(__file__).parent / "programs"
+    result = subprocess.run(
+        [PYTHON, str(programs / "lightning_ddp.py"), "runs/l.json"],
+        cwd=tmp_path,
+        env=subprocess_env(PYTHONPATH=str(programs), OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("stepwatch · all ranks · train · 2 ranks") == 1  # on rank 0 only
+    assert "run saved to runs/l.json" in output
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["l.json", "l.rank0.json", "l.rank1.json"]
+    gathered = stepwatch._saved.load_ranks(tmp_path / "runs" / "l.json")
+    assert [run.metadata["rank"] for run in gathered.runs] == [0, 1] and not gathered.missing
+    own = [stepwatch.load(tmp_path / "runs" / f"l.rank{rank}.json") for rank in (0, 1)]
+    for run, alone in zip(gathered.runs, own, strict=True):
+        assert {p: s.total_ns for p, s in run.stages.items()} == {p: s.total_ns for p, s in alone.stages.items()}
+        assert run.main_phase.steps == alone.main_phase.steps > 0

@@ -101,3 +101,24 @@ def test_importing_stepwatch_never_imports_transformers() -> None:
     code = "import sys, stepwatch; print('transformers' in sys.modules)"
     result = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.slow
+def test_under_torchrun_rank_0_gathers_and_reports_all_ranks(tmp_path: Path) -> None:
+    programs = Path(__file__).parent / "programs"
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    result = subprocess.run(
+        [*command, str(programs / "hf_ddp.py"), "outdir", "runs/h.json"],
+        cwd=tmp_path,
+        env=subprocess_env(PYTHONPATH=str(programs), OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("stepwatch · all ranks · train · 2 ranks") == 1  # on rank 0 only
+    assert result.stderr.count("stepwatch · train ·") == 1 and "run saved to runs/h.json" in result.stderr
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["h.json", "h.rank0.json", "h.rank1.json"]
+    gathered = stepwatch._saved.load_ranks(tmp_path / "runs" / "h.json")
+    assert [run.metadata["rank"] for run in gathered.runs] == [0, 1] and not gathered.missing
+    assert all(run.main_phase.steps == 5 and "step/backward" in run.stages for run in gathered.runs)

@@ -58,20 +58,21 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.net.parameters(), lr=0.1), torch.optim.SGD(self.head.parameters(), lr=0.1)
 
 
-def train(profiler=None, workers=0, manual=False, busy_s=0.0, max_steps=20, accumulate=2):
+def train(profiler=None, workers=0, manual=False, busy_s=0.0, max_steps=20, accumulate=2, devices=1):
     """Trains for ``max_steps`` optimizer steps (16 batches an epoch), validating every 10 batches."""
     L.seed_everything(0, verbose=False)
     BUSY_NS[0] = 0
     trainer = L.Trainer(
         max_steps=max_steps,
-        val_check_interval=10,
+        val_check_interval=10 // devices,
         accumulate_grad_batches=1 if manual else accumulate,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         accelerator="cpu",
-        devices=1,
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
         profiler=profiler,
     )
     model = Model(manual)
