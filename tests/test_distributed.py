@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch.multiprocessing as mp
 import stepwatch
 from stepwatch._ranks import RanksReport, ranks_report
 from stepwatch._saved import load_ranks, save_ranks
-from stepwatch.distributed import rank_info, rank_path
+from stepwatch.distributed import gather_timeout, rank_info, rank_path
 
 from .conftest import PYTHON, FakeClock, subprocess_env
 
@@ -344,3 +345,39 @@ def test_compare_all_ranks_files_job_and_per_rank(tmp_path: Path, clock: FakeClo
         text=True,
     )
     assert slower.returncode == 1 and "time per step +66.7%" in slower.stderr
+
+
+@pytest.mark.slow
+def test_a_rank_0_that_crashes_keeps_its_file_and_does_not_wait_for_the_others(tmp_path: Path) -> None:
+    """After an uncaught exception the other ranks are likely still training: rank 0 saves its own file and
+    ends at once instead of waiting STEPWATCH_GATHER_TIMEOUT (here 120 s) for them."""
+    script = str(PROGRAMS / "ddp_job.py")
+    started = time.monotonic()
+    result = torchrun(tmp_path, 2, script, "--out", "crash.json", "--raise-rank", "0", STEPWATCH_GATHER_TIMEOUT="120")
+    assert time.monotonic() - started < 100  # no gather: a wait would last at least 120 s
+    assert result.returncode != 0 and "RuntimeError: rank 0 fails after training" in result.stderr
+    assert sorted(path.name for path in tmp_path.glob("*.json")) == ["crash.rank0.json", "crash.rank1.json"]
+    assert stepwatch.load(tmp_path / "crash.rank0.json").main_phase.steps == 15
+
+
+def test_gather_outside_a_job_and_bad_arguments(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(3)):
+        pass
+    alone = sw.summary(ranks="all")
+    assert alone is not None and alone.world_size == 1 and len(alone.runs) == 1 and not alone.missing
+    assert alone.runs[0].main_phase.steps == 2
+    for timeout in (-1, float("nan"), float("inf"), "5"):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+            sw.summary(ranks="all", timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ranks must be 'all' or None"):
+        sw.summary(ranks="some")  # type: ignore[call-overload]
+    monkeypatch.setenv("STEPWATCH_GATHER_TIMEOUT", "soon")
+    assert gather_timeout() == 30.0 and "STEPWATCH_GATHER_TIMEOUT='soon' is not a number of seconds" in caplog.text
+    monkeypatch.setenv("STEPWATCH_GATHER_TIMEOUT", "2.5")
+    assert gather_timeout() == 2.5

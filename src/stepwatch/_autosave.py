@@ -39,6 +39,7 @@ _hooks_installed = False
 _previous_signal_handlers: dict[int, Any] = {}
 _previous_excepthook = sys.excepthook
 _owner_pid = 0
+_crashed = False
 """The process that installed the hooks: a forked child (a DataLoader worker) inherits them, but must never
 write its stale copy of the parent's recording over the parent's file."""
 
@@ -70,9 +71,11 @@ def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False
 
 def save_all(reason: str, final: bool = True) -> None:
     """Saves every registered stopwatch that has an output path; never raises. ``final``: the program ends
-    now, so the reports asked for are printed (once). Does nothing in a child process: the run file belongs to
-    the process that started the run, not to its DataLoader workers or other children, forked (which inherit
-    these hooks and a stale copy of the recording) or spawned (which inherit ``STEPWATCH_OUT``)."""
+        now, so the reports asked for are printed (once). Does nothing in a child process: the run file belongs to
+        the process that started the run, not to its DataLoader workers or other children, forked (which inherit
+        these hooks and a stale copy of the recording) or spawned (which inherit ``STEPWATCH_OUT``). In a job of
+    several ranks, a final save also gathers the ranks onto rank 0, unless this rank crashed (an uncaught
+    exception: the others are likely still training, and rank 0 would wait for them in vain)."""
     if os.getpid() != _owner_pid or multiprocessing.parent_process() is not None:
         return
     if final:
@@ -82,13 +85,14 @@ def save_all(reason: str, final: bool = True) -> None:
             except Exception as error:  # the save must still happen
                 logger.error("stepwatch: at %s: %s", reason, error)
     gathered: dict[int, AllRanks | None] = {}
+    gather = final and not _crashed and in_job()
     for stopwatch in list(_installed.values()):
         if stopwatch.out is None or (_reports.get(id(stopwatch), (None, False))[1] and not stopwatch._phases):
             continue
         try:
             # at the end, each rank of a job also sends its summary to rank 0, which writes the all-ranks file
             _, gathered[id(stopwatch)] = stopwatch._save_run(
-                stopwatch.out, gather=final and in_job(), tag=f"{stopwatch.out}#end", among=stopwatch.out
+                stopwatch.out, gather=gather, tag=f"{stopwatch.out}#end", among=stopwatch.out
             )
         except Exception as error:  # a failing save must not hide the program's own outcome
             logger.error("stepwatch: could not save the run to %s at %s: %s", stopwatch.out, reason, error)
@@ -117,6 +121,7 @@ def _print_report(stopwatch: Stopwatch, gathered: AllRanks | None) -> None:
 
 
 def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    global _crashed
     for stopwatch in list(_installed.values()):
         if logger.isEnabledFor(logging.DEBUG):
             try:
@@ -126,6 +131,7 @@ def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackTy
     try:
         _previous_excepthook(kind, value, tb)  # the traceback first; the report, if asked for, below it
     finally:
+        _crashed = True  # the save at exit that follows gathers nothing either
         save_all(f"uncaught {kind.__name__}")
 
 

@@ -201,6 +201,8 @@ def gather(
     ``windows`` also sends each stage's recent measurements (for per-rank percentiles), which the figures of
     the all-ranks report do not need."""
     global _gathers
+    if timeout is not None and not (isinstance(timeout, (int, float)) and 0 <= timeout < float("inf")):
+        raise ValueError(f"timeout must be a number of seconds, 0 or more, got {timeout!r}")
     info = rank_info()
     if info is None or info["world_size"] <= 1:
         return AllRanks((summary,), 1)
@@ -250,12 +252,17 @@ def gather(
 
 
 def gather_timeout() -> float:
+    """``STEPWATCH_GATHER_TIMEOUT``, else :data:`GATHER_TIMEOUT`; a value that is not a number of seconds is
+    warned about and replaced by the default (it is read at the end of a run, which it must not break)."""
     raw = os.environ.get("STEPWATCH_GATHER_TIMEOUT", "").strip()
     try:
         value = float(raw) if raw else GATHER_TIMEOUT
     except ValueError:
-        return GATHER_TIMEOUT
-    return value if value >= 0 and value == value else GATHER_TIMEOUT
+        value = -1.0
+    if 0 <= value < float("inf"):
+        return value
+    logger.warning("stepwatch: STEPWATCH_GATHER_TIMEOUT=%r is not a number of seconds; using %g", raw, GATHER_TIMEOUT)
+    return GATHER_TIMEOUT
 
 
 def _present(store: Any, name: str, rank: int) -> bool:

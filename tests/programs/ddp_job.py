@@ -2,7 +2,8 @@
 
 It imports stepwatch only with ``--out`` (``stepwatch.enable(out=...)`` inside); without it, it is an ordinary
 program for ``torchrun -m stepwatch run``. ``--slow-rank R`` makes rank R's dataset 3x slower; ``--die-rank R``
-makes rank R end abruptly after training, before any exit hook runs (its results are never sent).
+makes rank R end abruptly after training, before any exit hook runs (its results are never sent); ``--raise-rank
+R`` makes rank R fail with an exception after training.
 """
 
 import argparse
@@ -33,6 +34,7 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--die-rank", type=int, default=-1)
+    parser.add_argument("--raise-rank", type=int, default=-1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -61,6 +63,8 @@ def main():
     dist.destroy_process_group()  # as scripts do: the gather at exit still reaches the other ranks
     if rank == args.die_rank:
         os._exit(0)
+    if rank == args.raise_rank:
+        raise RuntimeError(f"rank {rank} fails after training")
 
 
 if __name__ == "__main__":
