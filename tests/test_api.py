@@ -24,6 +24,8 @@ PUBLIC = {
     "is_enabled",
     "load",
     "load_state_dict",
+    "log_every",
+    "metrics",
     "render",
     "report",
     "reset",

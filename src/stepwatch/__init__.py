@@ -36,6 +36,8 @@ __all__ = [
     "is_enabled",
     "load",
     "load_state_dict",
+    "log_every",
+    "metrics",
     "render",
     "report",
     "reset",
@@ -65,6 +67,8 @@ timed_iter = _default.timed_iter
 watch = _default.watch
 count = _default.count
 report = _default.report
+metrics = _default.metrics
+log_every = _default.log_every
 summary = _default.summary
 save = _default.save
 reset = _default.reset

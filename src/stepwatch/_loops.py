@@ -21,6 +21,7 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._device import _Loop
+from ._periodic import tick
 from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, collect, pop_frame
 from ._watch import loader_config
 from .distributed import seen_by
@@ -141,7 +142,8 @@ def iterate(
     site = LoopSite(None if driven or beats else sys._getframe(1), phase.name)  # the frame calling next()
     if outer:
         seen_by(sw.out)  # the job is kept while its group is up; rank 0 is to wait for this rank's run at exit
-    gather_every = sw._gather_every if outer and sw.out is not None else 0
+    main = outer and _is_main(sw, phase.name)
+    every = sw._every if main else ()  # what runs every N training steps
     if not outer:
         _check_enclosing(sw, site)
     sites = sw._loop_sites.setdefault(threading.get_ident(), [])
@@ -162,7 +164,7 @@ def iterate(
         first_body_node = parent.children.get(FIRST_STEP) or sw._add_child(parent, FIRST_STEP)
         schedule = sw.schedule
         measure_all = schedule.active is None
-        warmup = schedule.warmup if outer and _is_main(sw, phase.name) else 0
+        warmup = schedule.warmup if main else 0
         iterator = iter(iterable)
         index = 0
         while True:
@@ -194,8 +196,8 @@ def iterate(
                     sw._update_flags()
                 elif sw._hot and not sw._measuring:  # a block that spanned the window's end is done?
                     sw._update_flags()
-                if gather_every and index and index % gather_every == 0:
-                    sw._save_during_run()  # between two steps: in neither, nor in the loop's time
+                if every and index:
+                    tick(sw, every)  # between two steps: in neither, nor in the loop's time
                     now = clock()
             if sw._measuring:
                 first = index == 0 and own_phase  # a one-off: workers starting, caches filling

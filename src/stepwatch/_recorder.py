@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from ._blocks import Block, Blocks, check_loop_names, check_name
 from ._device import DeviceTimer
 from ._loops import LoopSite, iterate
+from ._periodic import Every, Periodic
 from ._results import Results
 from ._schedule import Schedule, as_count, check_steps, check_window, out_path
 from ._stacks import ThreadStacks
@@ -46,7 +47,7 @@ COUNTER_LIMIT = sys.float_info.max
 """Counters saturate here, so that what was counted can always be saved and reported."""
 
 
-class Stopwatch(Results, ThreadStacks):
+class Stopwatch(Results, ThreadStacks, Periodic):
     """Records where a training loop's time goes.
 
     Args:
@@ -105,8 +106,10 @@ class Stopwatch(Results, ThreadStacks):
         self._hot = False
         self._was_enabled = False
         self.out: str | None = None
-        self._gather_every = 0  # save, ranks gathered, every that many steps of a loop (0: only at exit)
+        self._every: Every = ()  # what runs every N training steps (log_every, gather_every)
+        self._ticks = 0  # training steps seen, for log_every
         self._gathers = 0
+        self._stop_gathering: Callable[[], None] | None = None
         self._describe_auto: Callable[[], str] | None = None  # what auto-instrumentation found, for the report
         self._phases: dict[str, Phase] = {}
         self._phase_of_root: dict[Node, str] = {}
@@ -156,7 +159,11 @@ class Stopwatch(Results, ThreadStacks):
             if gather_every < 1 or path is None:
                 raise ValueError(f"gather_every needs out= and a positive number of steps, got {gather_every!r}")
         with self._lock:
-            self._gather_every = gather_every or 0
+            if self._stop_gathering is not None:
+                self._stop_gathering()
+                self._stop_gathering = None
+            if gather_every is not None:
+                self._stop_gathering = self._add_every(gather_every, self._save_during_run, "gather_every")
             self.schedule = schedule
             self._open_device()
             if self._started_wall is None:
@@ -170,17 +177,6 @@ class Stopwatch(Results, ThreadStacks):
 
             self.out = path
             install(self)
-
-    def _save_during_run(self) -> None:
-        """``gather_every``'s save: each rank writes its file, rank 0 gathers the all-ranks file. Called by the
-        outermost loop between two steps, on every rank at the same step; never raises into the training."""
-        if self.out is None:
-            return
-        self._gathers += 1
-        try:
-            self._save_run(self.out, gather=True, tag=f"{self.out}#{self._gathers}", among=self.out)
-        except Exception as error:
-            logger.error("stepwatch: could not save the run to %s during the run: %s", self.out, error)
 
     def _open_device(self) -> None:
         if self._device is None and self._device_spec is not None:

@@ -85,6 +85,15 @@ class Results:
             ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
             return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(cast("Stopwatch", self)), ooms)
 
+    def metrics(self, prefix: str = "stepwatch") -> dict[str, float]:
+        """The current figures as a flat dict for any logger: ``{"stepwatch/train/time_per_step_ms": ...,
+        "stepwatch/train/input_share": ..., "stepwatch/train/samples_per_s": ..., ...}`` (see
+        ``_metrics.flat_metrics`` for every key). It takes a summary: about a millisecond, and on a device one
+        synchronize, so call it every N steps (``log_every``), not every step."""
+        from ._metrics import flat_metrics
+
+        return flat_metrics(self._snapshot(), prefix)
+
     def report(self) -> str:
         """The human-readable table of :meth:`summary`."""
         from ._render import render_text

@@ -1,0 +1,133 @@
+"""metrics(), log_every() and the TensorBoard writer: figures for any logger, every N training steps."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import stepwatch
+from stepwatch.integrations import tensorboard
+
+from .conftest import FakeClock
+
+MS = 1_000_000
+
+
+def train(sw: stepwatch.Stopwatch, clock: FakeClock, steps: int, phase: str | None = None) -> None:
+    """A loop on the controlled clock: 1 ms of wait, then 2 ms of forward and 1 ms of backward; 4 samples."""
+
+    def data():
+        for index in range(steps):
+            clock.advance(MS)
+            yield index
+
+    for _ in sw.timed_iter(data(), phase=phase):
+        with sw.timed("forward"):
+            clock.advance(2 * MS)
+        with sw.timed("backward"):
+            clock.advance(MS)
+        sw.count(samples=4)
+
+
+def test_metrics_keys_and_values(clock: FakeClock) -> None:
+    sw = stepwatch.Stopwatch(clock=clock)
+    sw.enable()
+    train(sw, clock, 6)
+    train(sw, clock, 3, phase="val")
+    figures = sw.metrics()
+    assert figures == pytest.approx(
+        {
+            "stepwatch/train/steps": 5,  # the first step of the loop is a one-off, kept apart
+            "stepwatch/train/time_per_step_ms": 4.0,
+            "stepwatch/train/input_share": 0.25,
+            "stepwatch/train/samples_per_s": 1000.0,
+            "stepwatch/train/loader_ms": 1.0,
+            "stepwatch/train/step_ms": 3.0,
+            "stepwatch/train/step/forward_ms": 2.0,
+            "stepwatch/train/step/backward_ms": 1.0,
+            "stepwatch/val/steps": 2,
+            "stepwatch/val/time_per_step_ms": 4.0,
+            "stepwatch/val/input_share": 0.25,
+            "stepwatch/val/samples_per_s": 1000.0,
+            "stepwatch/val/loader_ms": 1.0,
+            "stepwatch/val/step_ms": 3.0,
+            "stepwatch/val/step/forward_ms": 2.0,
+            "stepwatch/val/step/backward_ms": 1.0,
+        }
+    )
+    assert set(sw.metrics(prefix="perf")) == {key.replace("stepwatch/", "perf/", 1) for key in figures}
+    assert stepwatch.Stopwatch().metrics() == {}
+
+
+def test_log_every_calls_between_steps_of_the_training_loop_only(clock: FakeClock) -> None:
+    sw = stepwatch.Stopwatch(clock=clock)
+    sw.enable()
+    seen: list[dict[str, float]] = []
+
+    def log(figures: dict[str, float]) -> None:
+        seen.append(figures)
+        clock.advance(50 * MS)  # a slow logger: its time is in no step and not in the loop
+
+    stop = sw.log_every(3, log)
+    train(sw, clock, 10)
+    train(sw, clock, 9, phase="val")  # evaluation loops do not count as training steps
+    # after training steps 3, 6 and 9: the figures then, with the one-off first step apart
+    assert [figures["stepwatch/train/steps"] for figures in seen] == [2, 5, 8]
+    assert all(figures["stepwatch/train/time_per_step_ms"] == pytest.approx(4.0) for figures in seen)
+    assert sw.summary().phases["train"].measured == pytest.approx(9 * 0.004)
+    stop()
+    train(sw, clock, 10)
+    assert len(seen) == 3  # stopped
+
+
+def test_a_failing_callback_is_reported_once_and_never_stops_the_training(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    sw = stepwatch.Stopwatch(clock=clock)
+    sw.enable()
+    calls = []
+
+    def broken(figures: dict[str, float]) -> None:
+        calls.append(figures)
+        raise ConnectionError("the logging service is down")
+
+    sw.log_every(2, broken)
+    with caplog.at_level(logging.ERROR, logger="stepwatch"):
+        train(sw, clock, 10)
+        train(sw, clock, 10)
+    assert len(calls) == 1
+    assert caplog.text.count("failed at step 2; it is not called again") == 1
+    assert "ConnectionError: the logging service is down" in caplog.text
+    assert sw.summary().phases["train"].steps == 18
+
+
+def test_log_every_refuses_bad_arguments() -> None:
+    sw = stepwatch.Stopwatch()
+    for n in (0, -1, 1.5, True, "3"):
+        with pytest.raises((ValueError, TypeError)):
+            sw.log_every(n, print)  # type: ignore[arg-type]
+
+
+def test_tensorboard_writes_the_metrics_as_scalars(tmp_path: Path, clock: FakeClock) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    sw = stepwatch.Stopwatch(clock=clock)
+    sw.enable()
+    logged: list[dict[str, float]] = []
+    sw.log_every(5, logged.append)
+    writer = SummaryWriter(str(tmp_path))
+    tensorboard.log(writer, every=5, stopwatch=sw)
+    train(sw, clock, 11)
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == set(logged[0])
+    for key in logged[0]:
+        scalars = events.Scalars(key)
+        assert [scalar.step for scalar in scalars] == [5, 10]
+        assert [scalar.value for scalar in scalars] == pytest.approx([figures[key] for figures in logged], rel=1e-6)
+    with pytest.raises(TypeError, match="SummaryWriter"):
+        tensorboard.log(object(), every=5, stopwatch=sw)
