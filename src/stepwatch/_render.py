@@ -11,11 +11,14 @@ import io
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._analysis import Comparison, Verdict, analyze
 from ._ranks import RanksComparison, RanksReport
 from ._summary import PhaseSummary, StageStats, Summary
+
+if TYPE_CHECKING:
+    from .distributed import AllRanks
 
 MS = 1e3
 
@@ -225,6 +228,20 @@ class Format:
     render: Callable[[Summary], str]
     extensions: tuple[str, ...]
     description: str
+    render_ranks: Callable[[AllRanks], str] | None = None
+    """For the formats that also show a job's ranks (an all-ranks file)."""
+
+
+def render_html(summary: Summary) -> str:
+    from ._html import render_html as page
+
+    return page(summary, "run")
+
+
+def render_html_ranks(job: AllRanks) -> str:
+    from ._html import render_html as page
+
+    return page(job, "all ranks")
 
 
 FORMATS: dict[str, Format] = {
@@ -234,6 +251,9 @@ FORMATS: dict[str, Format] = {
         Format("tsv", render_tsv, (".tsv",), "one row per measurement, one column per stage"),
         Format("csv", render_csv, (".csv",), "the same as tsv, comma-separated"),
         Format("json", render_json, (".json",), "the saved-run file"),
+        Format(
+            "html", render_html, (".html", ".htm"), "one self-contained page: tables, verdict, plots", render_html_ranks
+        ),
     )
 }
 

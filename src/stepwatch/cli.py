@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ._analysis import common_phases, compare
 from ._ranks import compare_ranks, merge_ranks
 from ._render import FORMATS, format_for_path, render_comparison, render_ranks_comparison
-from ._saved import FormatError, load_summary
+from ._saved import FormatError
 from ._summary import Summary
 
 
@@ -52,20 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     merge = commands.add_parser("merge", help="merge the runs of a job's ranks into one all-ranks file")
     merge.add_argument("file", nargs="+", help="the ranks' runs (runs/ddp.rank*.json), or all-ranks files")
     merge.add_argument("-o", "--output", required=True, help="the all-ranks file to write")
+    plot = commands.add_parser("plot", help="draw a saved run, or two runs compared (needs stepwatch[plot])")
+    plot.add_argument("file", nargs="+", help="a saved run or an all-ranks file; two: before and after")
+    plot.add_argument("-o", "--output", required=True, help="the picture to write: .png, .svg or .pdf")
     commands.add_parser("run", help="run a training program unchanged and report where its steps' time goes")
     commands.add_parser("demo", help="train a small CNN twice and show what stepwatch tells (demo --help)")
     return parser
-
-
-def _load(path: str) -> Summary | None:
-    """Loads a saved run, or prints one line on stderr and returns None."""
-    try:
-        return load_summary(path)
-    except FormatError as error:
-        print(f"stepwatch: {error}", file=sys.stderr)
-    except OSError as error:
-        print(f"stepwatch: {path}: cannot read: {error.strerror or error}", file=sys.stderr)
-    return None
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -189,6 +181,46 @@ def _merge(paths: list[str], output: str) -> int:
     return 0
 
 
+def _plot(paths: list[str], output: str) -> int:
+    """``stepwatch plot``: one run (or all-ranks file) drawn, or two compared."""
+    from . import _plot as plots
+    from ._saved import load_ranks
+    from .distributed import AllRanks
+
+    if len(paths) > 2:
+        print("stepwatch: plot takes one run, or two to compare (before and after)", file=sys.stderr)
+        return 2
+    if not output.lower().endswith((".png", ".svg", ".pdf")):
+        print(f"stepwatch: cannot tell the picture format of {output}: use .png, .svg or .pdf", file=sys.stderr)
+        return 2
+    jobs: list[AllRanks] = []
+    for path in paths:
+        try:
+            jobs.append(load_ranks(path))
+        except FormatError as error:
+            print(f"stepwatch: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"stepwatch: {path}: cannot read: {error.strerror or error}", file=sys.stderr)
+            return 2
+    try:
+        if len(jobs) == 1:
+            job = jobs[0]
+            figure = plots.run_figure(job.runs[0] if len(job.runs) == 1 else job, paths[0])
+        else:
+            before, after = (merge_ranks(job.runs) for job in jobs)
+            figure = plots.comparison_figure(before, after, paths[0], paths[1])
+        plots.save(figure, output)
+    except ImportError as error:
+        print(f"stepwatch: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"stepwatch: {output}: cannot write: {error.strerror or error}", file=sys.stderr)
+        return 2
+    print(f"stepwatch: wrote {output}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code (2 for a bad file or bad arguments)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -211,8 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _merge(args.file, args.output)
     if args.command == "report":
         return _report_ranks(args.file)
-    summary = _load(args.file)
-    if summary is None:
+    if args.command == "plot":
+        return _plot(args.file, args.output)
+    runs = _load_runs([args.file])
+    if runs is None:
         return 2
     chosen = FORMATS[args.format] if args.format else None
     if args.output:
@@ -225,7 +259,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"stepwatch: --format {chosen.name} does not match {args.output}", file=sys.stderr)
             return 2
         chosen = chosen or guessed
-    text = (chosen or FORMATS["text"]).render(summary)
+    chosen = chosen or FORMATS["text"]
+    if len(runs) == 1:
+        text = chosen.render(runs[0])
+    elif chosen.render_ranks is not None:
+        from ._saved import load_ranks
+
+        text = chosen.render_ranks(load_ranks(args.file))
+    else:
+        print(
+            f"stepwatch: {args.file} holds {len(runs)} ranks: export it as html, or one rank's own file as"
+            f" {chosen.name}",
+            file=sys.stderr,
+        )
+        return 2
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as file:

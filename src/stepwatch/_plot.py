@@ -1,0 +1,209 @@
+"""Pictures of a run with matplotlib (``stepwatch[plot]``): the step's breakdown, the step time over the run
+and the workers' utilization; and two runs compared stage by stage. Reads summaries only; matplotlib is
+imported when a picture is drawn, never with stepwatch."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._summary import ONE_OFF, PhaseSummary, Summary
+
+if TYPE_CHECKING:
+    from .distributed import AllRanks
+
+MS = 1e3
+COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974")
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on a backend that needs no display, or an ImportError that says what to install."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("plots need matplotlib: pip install 'stepwatch[plot]'") from None
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def breakdown(phase: PhaseSummary) -> dict[str, float]:
+    """Seconds per step of the loop's parts: the wait, then each part of the step (its top-level blocks and
+    ``other``), in recording order; empty without steps."""
+    if not phase.steps:
+        return {}
+    parts: dict[str, float] = {}
+    for path, stage in phase.stages.items():
+        top = path.split("/", 1)[0]
+        if top in ONE_OFF or stage.in_workers:
+            continue
+        depth = path.count("/")
+        has_children = any(other.startswith(f"{path}/") for other in phase.stages)
+        if (depth == 0 and (top != "step" or not has_children)) or (depth == 1 and top == "step"):
+            parts[path] = stage.total / phase.steps
+    return parts
+
+
+def run_figure(run: Summary | AllRanks, title: str = "") -> Any:
+    """The step's breakdown (a stacked bar per phase, or per rank for an all-ranks run), the time per step over
+    the recent window, and each DataLoader worker's utilization."""
+    plt = pyplot()
+    runs = tuple(run.runs) if not isinstance(run, Summary) else (run,)
+    main = runs[0].main_phase
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 5.6), gridspec_kw={"width_ratios": [1.1, 1.6, 1]})
+    if len(runs) > 1:
+        bars = {f"rank {_rank(r, i)}": r.phases[main.name] for i, r in enumerate(runs) if main.name in r.phases}
+        left.set_title(f"time per step by rank ({main.name})")
+    else:
+        bars = {name: phase for name, phase in main_first(runs[0]).items() if phase.steps}
+        left.set_title("time per step by phase")
+    _stacked(left, {label: breakdown(phase) for label, phase in bars.items()})
+    _over_time(middle, runs)
+    _workers(right, runs[0].phases.get(main.name, main))
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+def comparison_figure(before: Summary, after: Summary, before_name: str, after_name: str) -> Any:
+    """Two runs side by side: ms per call of every stage of the main phase both measured."""
+    from ._analysis import common_phases, compare
+
+    plt = pyplot()
+    phases = common_phases(before, after)
+    comparison = compare(before, after, phases[0] if phases else None)
+    changes = [c for c in comparison.stages if c.path.split("/", 1)[0] not in ONE_OFF][::-1]
+    figure, axes = plt.subplots(figsize=(10, 1.2 + 0.42 * max(len(changes), 1)))
+    positions = range(len(changes))
+    height = 0.38
+    axes.barh(
+        [p + height / 2 for p in positions],
+        [(c.before or 0) * MS for c in changes],
+        height,
+        label=before_name,
+        color=COLORS[0],
+    )
+    axes.barh(
+        [p - height / 2 for p in positions],
+        [(c.after or 0) * MS for c in changes],
+        height,
+        label=after_name,
+        color=COLORS[1],
+    )
+    axes.set_yticks(list(positions), [c.path for c in changes])
+    axes.set_xlabel("ms per call")
+    step = comparison.step
+    headline = f"phase {comparison.phase}: time per step"
+    if step.before is not None and step.after is not None:
+        headline += f" {step.before * MS:.3g} ms -> {step.after * MS:.3g} ms ({step.percent or 0:+.1f}%)"
+    axes.set_title(headline)
+    axes.legend(loc="lower right")
+    axes.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def main_first(summary: Summary) -> dict[str, PhaseSummary]:
+    main = summary.main_phase.name
+    return dict(sorted(summary.phases.items(), key=lambda item: item[0] != main))
+
+
+def save(figure: Any, path: str) -> None:
+    """PNG, SVG or PDF by ``path``'s extension."""
+    plt = pyplot()
+    try:
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
+
+
+def svg(figure: Any) -> str:
+    """The figure as an SVG document (for inline use in HTML)."""
+    plt = pyplot()
+    buffer = io.StringIO()
+    try:
+        figure.savefig(buffer, format="svg")
+    finally:
+        plt.close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _rank(summary: Summary, index: int) -> int:
+    from ._ranks import rank_of
+
+    return rank_of(summary, index)
+
+
+def _stacked(axes: Any, bars: dict[str, dict[str, float]]) -> None:
+    labels = list(bars)
+    parts = list(dict.fromkeys(part for figures in bars.values() for part in figures))
+    bottoms = [0.0] * len(labels)
+    for index, part in enumerate(parts):
+        heights = [bars[label].get(part, 0.0) * MS for label in labels]
+        axes.bar(labels, heights, bottom=bottoms, label=part, color=COLORS[index % len(COLORS)], width=0.6)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    axes.set_ylabel("ms per step")
+    if parts:  # below the bars, which it would otherwise hide
+        axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
+    else:
+        axes.text(0.5, 0.5, "no steps measured", ha="center", va="center", transform=axes.transAxes)
+    axes.grid(axis="y", alpha=0.3)
+
+
+def _over_time(axes: Any, runs: Sequence[Summary]) -> None:
+    """The loop's wait + step for the most recent steps each rank kept (the stages' windows)."""
+    axes.set_title("time per step over the recent steps")
+    drawn = False
+    for index, run in enumerate(runs):
+        phase = run.main_phase
+        wait = phase.stages.get("loader")
+        body = phase.stages.get("step")
+        if body is None or not body.recent_ns:
+            continue
+        count = (
+            min(len(body.recent_ns), len(wait.recent_ns))
+            if wait is not None and wait.recent_ns
+            else len(body.recent_ns)
+        )
+        waits = wait.recent_ns[-count:] if wait is not None and wait.recent_ns else (0,) * count
+        steps = [(w + s) / 1e6 for w, s in zip(waits, body.recent_ns[-count:], strict=True)]
+        first = phase.steps - count + 1
+        label = f"rank {_rank(run, index)}" if len(runs) > 1 else "wait + step"
+        axes.plot(range(first, first + count), steps, linewidth=1, label=label, color=COLORS[index % len(COLORS)])
+        if len(runs) == 1 and wait is not None and wait.recent_ns:
+            axes.plot(
+                range(first, first + count),
+                [w / 1e6 for w in waits],
+                linewidth=1,
+                label="wait for data",
+                color=COLORS[1],
+            )
+        drawn = True
+    axes.set_xlabel("step")
+    axes.set_ylabel("ms")
+    if drawn:
+        axes.legend(fontsize="small", loc="upper right")
+        axes.set_ylim(bottom=0)
+    else:
+        axes.text(0.5, 0.5, "no loop measured", ha="center", va="center", transform=axes.transAxes)
+    axes.grid(alpha=0.3)
+
+
+def _workers(axes: Any, phase: PhaseSummary) -> None:
+    axes.set_title("DataLoader workers: busy share of their time")
+    if not phase.workers:
+        axes.text(0.5, 0.5, "no DataLoader workers", ha="center", va="center", transform=axes.transAxes)
+        axes.set_xticks([])
+        axes.set_yticks([])
+        return
+    ids = list(phase.workers)
+    axes.bar(
+        [f"worker {i}" for i in ids], [phase.workers[i].utilization * 100 for i in ids], color=COLORS[2], width=0.6
+    )
+    axes.set_ylim(0, 100)
+    axes.set_ylabel("% busy")
+    axes.grid(axis="y", alpha=0.3)
