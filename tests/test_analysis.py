@@ -291,6 +291,9 @@ def test_demo_runs_and_prints_verdicts(tmp_path: Path) -> None:
     assert first.verdict.kind == "input-bound"
     assert first.stages["loader/dataset/augment"].calls > 0
     assert sum(w.batches for w in second.main_phase.workers.values()) > 0
+    for name in ("demo-0-workers.html", "demo-2-workers.html", "demo-compare.png"):  # the pictures, announced
+        assert (tmp_path / name).stat().st_size > 20_000 and str(tmp_path / name) in result.stdout
+    assert "<svg" in (tmp_path / "demo-2-workers.html").read_text()
 
 
 # -- advice from the loader's configuration; verdicts that do not hinge on names ---------------------------------

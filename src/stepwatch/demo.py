@@ -188,7 +188,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     (before_path, before), (after_path, after) = runs
     print(render_comparison(compare(before, after), before_path, after_path))
     print(f"compare them again with: stepwatch compare {before_path} {after_path}")
+    _pictures(runs, args.out_dir)
     return 0
+
+
+def _pictures(runs: list[tuple[str, stepwatch.Summary]], folder: str) -> None:
+    """Each run as a one-file HTML report, and a PNG of both runs compared; their paths printed."""
+    from . import _plot
+    from ._html import render_html
+
+    for path, summary in runs:
+        page = os.path.splitext(path)[0] + ".html"
+        with open(page, "w", encoding="utf-8") as file:
+            file.write(render_html(summary, os.path.basename(path)))
+        print(f"HTML report: {page}")
+    (before_path, before), (after_path, after) = runs
+    picture = os.path.join(folder, "demo-compare.png")
+    try:
+        _plot.save(_plot.comparison_figure(before, after, before_path, after_path), picture)
+    except ImportError as error:
+        print(f"no PNG: {error}")
+    else:
+        print(f"both runs compared: {picture}")
 
 
 if __name__ == "__main__":
