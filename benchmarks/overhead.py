@@ -90,6 +90,8 @@ def build_timers() -> tuple[dict[str, Loop], list[str]]:
     on = stepwatch.Stopwatch(window=1024)
     on.enable()
     off = stepwatch.Stopwatch()
+    traced = stepwatch.Stopwatch(window=1024, trace_steps=200)
+    traced.enable()
     outside = stepwatch.Stopwatch(active=1)
     outside.enable()
     for _ in outside.timed_iter(range(2)):  # one step measured, then the window is closed
@@ -100,6 +102,7 @@ def build_timers() -> tuple[dict[str, Loop], list[str]]:
         "contextlib.nullcontext()": block_loop(contextlib.nullcontext),
         "stepwatch timed, disabled": block_loop(lambda: off.timed("stage")),
         "stepwatch timed, enabled": block_loop(lambda: on.timed("stage")),
+        "stepwatch timed, enabled, trace_steps": block_loop(lambda: traced.timed("stage")),
         "stepwatch timed, outside the window": block_loop(lambda: outside.timed("stage")),
         "stepwatch timed_iter, per item": timed_iter_loop(on),
         "stepwatch count(samples=32)": count_loop(on),
@@ -234,6 +237,10 @@ def main() -> None:
 
     targets: dict[str, dict[str, Any]] = {
         "enabled <= 3x floor": {"value": enabled / floor, "limit": 3.0},
+        "enabled with trace_steps <= 4x floor": {
+            "value": ns["stepwatch timed, enabled, trace_steps"] / floor,
+            "limit": 4.0,
+        },
         "disabled <= nullcontext": {
             "value": ns["stepwatch timed, disabled"] / ns["contextlib.nullcontext()"],
             "limit": 1.0,

@@ -73,6 +73,19 @@ def worker_run() -> dict[str, Any]:
     return json.loads(summary_to_json(sw.summary()))
 
 
+def traced_run() -> dict[str, Any]:
+    """A run that kept its timeline, DataLoader worker's events included."""
+    sw = Stopwatch(trace_steps=3)
+    sw.enable()
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, multiprocessing_context="fork")
+    for _ in sw.watch(loader):
+        with sw.timed("forward"):
+            pass
+    document = json.loads(summary_to_json(sw.summary()))
+    assert document["trace"]
+    return document
+
+
 def auto_run() -> dict[str, Any]:
     """A loop recorded by auto-instrumentation: its metadata says what was found."""
     import torch
@@ -94,7 +107,13 @@ def auto_run() -> dict[str, Any]:
         stepwatch.reset()
 
 
-RUNS = {"cpu": cpu_run(), "device": device_run(), "workers": worker_run(), "auto": auto_run()}
+RUNS = {
+    "cpu": cpu_run(),
+    "device": device_run(),
+    "workers": worker_run(),
+    "auto": auto_run(),
+    "traced": traced_run(),
+}
 
 
 def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import _patches
-from ._loops import is_empty, rename_phase
+from ._driven import is_empty, rename_phase
 from ._tree import DEFAULT_PHASE
 
 if TYPE_CHECKING:

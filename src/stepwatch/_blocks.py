@@ -98,6 +98,36 @@ class Block:
         return f"<stepwatch timed block {self._name!r}>"
 
 
+class TracedBlock(Block):
+    """A timed block that also puts its start and end on the timeline of recent steps (``trace_steps``).
+
+    :class:`Block`'s exit, inlined with one more append, so that a stopwatch without a timeline pays nothing."""
+
+    __slots__ = ()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        sw = self._sw
+        if sw._hot:
+            end = self._clock()
+            try:
+                stack = sw._local.stack
+            except AttributeError:
+                stack = sw._thread_stack()
+            frame = stack[-1]
+            if frame[0] is self:
+                del stack[-1]
+                node = frame[1]
+                buf = node.buf
+                buf.append(end - frame[2])
+                trace = sw._trace
+                if trace is not None and node is not DROPPED:
+                    trace.events.append((node, frame[2], end, stack))
+                if len(buf) >= 1024:  # FOLD, inlined
+                    sw._fold(node)
+            else:
+                sw._unwind(stack, self)
+
+
 class DeviceBlock(Block):
     """A timed block that also records device events and peak memory (a stopwatch with a device).
 
@@ -145,6 +175,9 @@ class DeviceBlock(Block):
             del stack[-1]
             node = frame[1]
             node.buf.append(end - frame[2])
+            trace = sw._trace
+            if trace is not None and node is not DROPPED:
+                trace.events.append((node, frame[2], end, stack))
             if len(node.buf) >= FOLD:
                 sw._fold(node)
             if device is not None and len(frame) > 3:
@@ -164,7 +197,8 @@ class Blocks(dict[str, Block]):
 
     def __missing__(self, stage: str) -> Block:
         check_name(stage, "stage")
-        kind = DeviceBlock if self._stopwatch._device_spec is not None else Block
+        sw = self._stopwatch
+        kind = DeviceBlock if sw._device_spec is not None else TracedBlock if sw._trace is not None else Block
         if len(self) >= MAX_STAGES:
             self._stopwatch._warn_overflow(stage)
             overflow = dict.get(self, OVERFLOW)

@@ -15,19 +15,19 @@ import inspect
 import logging
 import sys
 import threading
-import time
 from collections.abc import Generator, Iterable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._device import _Loop
 from ._periodic import tick
-from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, collect, pop_frame
+from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, pop_frame
 from ._watch import loader_config
 from .distributed import seen_by
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
+    from ._trace import Trace
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
@@ -143,6 +143,7 @@ def iterate(
     if outer:
         seen_by(sw.out)  # the job is kept while its group is up; rank 0 is to wait for this rank's run at exit
     main = outer and _is_main(sw, phase.name)
+    trace = sw._trace  # the timeline of recent steps, when kept
     every = sw._every if main else ()  # what runs every N training steps
     if not outer:
         _check_enclosing(sw, site)
@@ -187,6 +188,8 @@ def iterate(
                     loop_phase.steps += 1
                 else:
                     end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
+                if trace is not None:
+                    trace_step(trace, frame, now, stack, phase.name if loop_phase is not None else None)
             if device is not None:
                 device.poll()
             if outer:
@@ -232,6 +235,8 @@ def iterate(
                         loop_phase.loop_ns += elapsed
                 else:
                     close_frame(sw, stack, frame, ready, loop_phase if frame[1] is wait_node else None)
+                if trace is not None and frame[1] is not DROPPED:
+                    trace.events.append((frame[1], frame[2], ready, stack))
                 node = first_body_node if first else body_node
                 if first and loop_phase is not None:
                     loop_phase.in_first_step = True
@@ -253,6 +258,8 @@ def iterate(
             close_frame(sw, stack, body_frame, None, None)
         elif body_frame is not None:  # a body left early: break, return or an exception
             end_step(sw, stack, body_frame, end, loop_phase, device_loop, first_body_node)
+            if trace is not None:
+                trace_step(trace, body_frame, end, stack, phase.name if loop_phase is not None else None)
         if device_loop is not None and device is not None:
             device.loop_finished(device_loop)
         if root_frame is not None:
@@ -269,6 +276,14 @@ def iterate(
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
+
+
+def trace_step(trace: Trace, frame: Any, end: int, stack: list[Any], phase: str | None) -> None:
+    """The timeline: a step's body, then, for an outermost loop, the step's events into the ring."""
+    if frame[1] is not DROPPED:
+        trace.events.append((frame[1], frame[2], end, stack))
+    if phase is not None:
+        trace.step_done(phase)
 
 
 def end_step(
@@ -341,52 +356,3 @@ def close_frame(
     if phase is not None:
         phase.loop_ns += elapsed
     return True
-
-
-def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
-    """Files what a phase recorded under another name (auto-instrumentation guessed a loop's kind before it
-    ran); only when no loop of it is running and ``new`` holds nothing. The phase under the old name stays,
-    empty: threads' stacks stand on its root. Returns whether it was moved."""
-    with sw._lock:
-        phase = sw._phases.get(old)
-        taken = sw._phases.get(new)
-        running = any(site.phase == old for sites in sw._loop_sites.values() for site in sites)
-        if phase is None or running or (taken is not None and not is_empty(taken)):
-            return False
-        phase.move_into(sw._phase(new))
-        if old in sw._loader_configs:
-            sw._loader_configs[new] = sw._loader_configs.pop(old)
-        if old in sw._looped_phases:
-            sw._looped_phases = {new if name == old else name: None for name in sw._looped_phases}
-        return True
-
-
-def is_empty(phase: Phase) -> bool:
-    """Whether nothing is recorded in ``phase`` (it may be left from before a reset)."""
-    stages: dict[str, Any] = {}
-    collect(phase.root, stages)
-    return not (stages or phase.counters or phase.workers or phase.steps)
-
-
-class Beats:
-    """A loop advanced by a framework's own calls (``iterate(beats=True)``): ``wait()`` ends the step under way
-    and starts the wait for the next batch, ``go()`` ends the wait and starts the step. Its DataLoaders'
-    workers count as busy for the advice while it runs."""
-
-    def __init__(self, sw: Stopwatch, phase: str, source: Any = None) -> None:
-        self._sw = sw
-        self._steps: Generator[Any, None, None] = iterate(sw, (), "loader", "step", phase, source, beats=True)
-        self._consuming: list[int] | None = None
-
-    def wait(self) -> None:
-        next(self._steps)
-        if self._consuming is None:  # the loop's phase is the thread's from its first beat
-            self._consuming = self._sw._consuming_interval()
-
-    def go(self) -> None:
-        next(self._steps)
-
-    def close(self) -> None:
-        self._steps.close()
-        if self._consuming is not None:
-            self._consuming[1] = time.perf_counter_ns()

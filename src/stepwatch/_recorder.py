@@ -21,10 +21,12 @@ from ._blocks import Block, Blocks, check_loop_names, check_name
 from ._device import DeviceTimer
 from ._loops import LoopSite, iterate
 from ._periodic import Every, Periodic
+from ._received import WorkerSide
 from ._results import Results
 from ._schedule import Schedule, as_count, check_steps, check_window, out_path
 from ._stacks import ThreadStacks
-from ._stats import DEFAULT_WINDOW, Partial
+from ._stats import DEFAULT_WINDOW
+from ._trace import LOOSE_EVENTS, MAX_TRACE_STEPS, Trace
 from ._tree import (
     DEFAULT_PHASE,
     DROPPED,
@@ -33,12 +35,9 @@ from ._tree import (
     Frame,
     Node,
     Phase,
-    WorkerTotals,
     fold,
-    take_from,
 )
 from ._watch import WatchedLoader
-from ._workers import WorkerReport
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
@@ -47,7 +46,7 @@ COUNTER_LIMIT = sys.float_info.max
 """Counters saturate here, so that what was counted can always be saved and reported."""
 
 
-class Stopwatch(Results, ThreadStacks, Periodic):
+class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
     """Records where a training loop's time goes.
 
     Args:
@@ -64,6 +63,8 @@ class Stopwatch(Results, ThreadStacks, Periodic):
         nvtx: push an NVTX range per stage, so Nsight Systems shows the same stages by name.
         memory: ``"step"`` (default) tracks the device's peak memory per step, with one read of the allocator's
             statistics per step; ``"stage"`` per timed block too, at two reads per block.
+        trace_steps: keep the timeline (start and duration of every block, DataLoader workers' included) of
+            the last this many measured steps, for ``stepwatch export run.json -o trace.json``. Off by default.
         clock: a nanosecond clock; tests inject a controllable one.
 
     Off until :meth:`enable` is called. The module-level functions of ``stepwatch`` use one default instance;
@@ -81,6 +82,7 @@ class Stopwatch(Results, ThreadStacks, Periodic):
         sync: bool = False,
         nvtx: bool = False,
         memory: str = "step",
+        trace_steps: int | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.schedule = Schedule(warmup, active, every)
@@ -96,6 +98,9 @@ class Stopwatch(Results, ThreadStacks, Periodic):
         self.nvtx = bool(nvtx)
         self._device: DeviceTimer | None = None
         self.window = check_window(window)
+        self._trace: Trace | None = None
+        if trace_steps is not None:
+            self._keep_trace(trace_steps)
         self._clock = clock
         self._lock = threading.RLock()
         self._count_lock = threading.Lock()
@@ -178,6 +183,15 @@ class Stopwatch(Results, ThreadStacks, Periodic):
             self.out = path
             install(self)
 
+    def _keep_trace(self, steps: int) -> None:
+        """Keep the timeline of the last ``steps`` measured steps from now on (``trace_steps``)."""
+        check_steps(steps, "trace_steps", optional=False)
+        if not 1 <= steps <= MAX_TRACE_STEPS:
+            raise ValueError(f"trace_steps must be from 1 to {MAX_TRACE_STEPS:,}, got {steps}")
+        self._trace = Trace(steps)
+        if hasattr(self, "_blocks"):
+            self._blocks.clear()  # made again, traced
+
     def _open_device(self) -> None:
         if self._device is None and self._device_spec is not None:
             from ._device import make_backend
@@ -231,22 +245,6 @@ class Stopwatch(Results, ThreadStacks, Periodic):
                 self._started_wall = time.time()
                 self._session_start_ns = self._clock()
 
-    def _start_in_worker(self) -> None:
-        """In a DataLoader worker: a clean, enabled recording that never autosaves. A forked worker inherits
-        the parent's recording, stacks and locks (possibly held by a parent thread at the fork): all new."""
-        self._lock = threading.RLock()
-        self._count_lock = threading.Lock()
-        self.out = None
-        self._stacks = {}
-        self._before_switch = {}
-        self._loop_sites = {}
-        self._local = threading.local()
-        for phase in self._phases.values():
-            phase.clear()
-        self._clear_run()
-        self._enabled = False
-        self.enable()
-
     def _clear_run(self) -> None:
         self._started_wall = None
         self._session_start_ns = 0
@@ -254,6 +252,8 @@ class Stopwatch(Results, ThreadStacks, Periodic):
         self._devices_before = []
         self._dropped_blocks = 0
         self._in_window = True
+        if self._trace is not None:
+            self._trace.clear()
         self._update_flags()
 
     # -- recording ---------------------------------------------------------------------------------------
@@ -350,42 +350,6 @@ class Stopwatch(Results, ThreadStacks, Periodic):
         phase.consuming.append(interval)
         return interval
 
-    def _take(self) -> dict[str, Partial]:
-        """In a worker: hands over every measurement recorded since the last call, and forgets it."""
-        taken: dict[str, Partial] = {}
-        with self._lock:
-            for phase in self._phases.values():
-                take_from(phase.root, taken)
-        return taken
-
-    def _receive_worker_report(self, report: WorkerReport, offset: int = 0) -> None:
-        """In the main process: files a batch's worker measurements under the loader stage now waiting;
-        ``offset`` keeps the workers of several watched loaders apart."""
-        if not self._measuring:
-            return
-        received = time.perf_counter_ns()  # the workers' clock: CLOCK_MONOTONIC, shared by the host
-        prefix = self._thread_stack()[-1][1]
-        if prefix is DROPPED:
-            return
-        name = self._local.__dict__.get("phase", DEFAULT_PHASE)
-        phase = self._phases.get(name) or self._phase(name)
-        resolved = self._worker_nodes
-        with self._lock:
-            for path, partial in report[5].items():
-                node = resolved.get((prefix, path))
-                if node is None:
-                    node = prefix
-                    for part in path.split("/"):
-                        node = node.children.get(part) or self._add_child(node, part)
-                        node.in_workers = True
-                    resolved[(prefix, path)] = node
-                node.stats.absorb(partial)
-            worker_id = report[0] + offset
-            totals = phase.workers.get(worker_id)
-            if totals is None:
-                totals = phase.workers[worker_id] = WorkerTotals()
-            totals.add(report, received)
-
     # -- the tree ----------------------------------------------------------------------------------------
 
     def _phase(self, name: str) -> Phase:
@@ -413,6 +377,9 @@ class Stopwatch(Results, ThreadStacks, Periodic):
             return node
 
     def _fold(self, node: Node) -> None:
+        trace = self._trace
+        if trace is not None and len(trace.events) > LOOSE_EVENTS:  # blocks with no step: bounded all the same
+            del trace.events[: LOOSE_EVENTS // 2]
         with self._lock:
             fold(node)
             if node is DROPPED and self._measuring is False:

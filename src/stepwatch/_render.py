@@ -238,6 +238,18 @@ def render_html(summary: Summary) -> str:
     return page(summary, "run")
 
 
+def render_trace(summary: Summary) -> str:
+    from ._chrome import render_trace as trace
+
+    return trace(summary)
+
+
+def render_trace_ranks(job: AllRanks) -> str:
+    from ._chrome import render_trace_ranks as trace
+
+    return trace(job)
+
+
 def render_html_ranks(job: AllRanks) -> str:
     from ._html import render_html as page
 
@@ -250,6 +262,13 @@ FORMATS: dict[str, Format] = {
         Format("text", render_text, (".txt",), "the report table"),
         Format("tsv", render_tsv, (".tsv",), "one row per measurement, one column per stage"),
         Format("csv", render_csv, (".csv",), "the same as tsv, comma-separated"),
+        Format(
+            "trace",
+            render_trace,
+            ("trace.json", "trace.json.gz"),
+            "Chrome / Perfetto trace of the recent steps (Stopwatch(trace_steps=N))",
+            render_trace_ranks,
+        ),
         Format("json", render_json, (".json",), "the saved-run file"),
         Format(
             "html", render_html, (".html", ".htm"), "one self-contained page: tables, verdict, plots", render_html_ranks
@@ -259,8 +278,8 @@ FORMATS: dict[str, Format] = {
 
 
 def format_for_path(path: str) -> Format | None:
-    """The format whose extension ``path`` ends with, if any."""
-    lowered = path.lower()
+    """The format whose extension ``path`` ends with, if any (``.gz`` aside: any format can be compressed)."""
+    lowered = path.lower().removesuffix(".gz")
     for format in FORMATS.values():
         if lowered.endswith(format.extensions):
             return format

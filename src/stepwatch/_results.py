@@ -18,6 +18,7 @@ from .distributed import all_ranks_path
 if TYPE_CHECKING:
     from ._device import DeviceTimer
     from ._recorder import Stopwatch
+    from ._trace import Trace
     from .distributed import AllRanks
 
 
@@ -32,6 +33,8 @@ class Results:
     _session_start_ns: int
     _elapsed_before_ns: int
     _devices_before: list[str]
+    _trace: Trace | None
+    _stacks: dict[int, list[Any]]
 
     # -- results -----------------------------------------------------------------------------------------
 
@@ -83,7 +86,8 @@ class Results:
                         },
                     )
             ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
-            return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(cast("Stopwatch", self)), ooms)
+            trace = self._trace.snapshot(self._stacks) if self._trace is not None else ()
+            return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(cast("Stopwatch", self)), ooms, trace)
 
     def metrics(self, prefix: str = "stepwatch") -> dict[str, float]:
         """The current figures as a flat dict for any logger: ``{"stepwatch/train/time_per_step_ms": ...,

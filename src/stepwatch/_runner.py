@@ -19,7 +19,7 @@ import types
 from collections.abc import Sequence
 from types import TracebackType
 
-_VALUED = {"-o", "--out", "--warmup", "--active", "--every", "--device", "--val-phase"}
+_VALUED = {"-o", "--out", "--warmup", "--active", "--every", "--device", "--val-phase", "--trace-steps"}
 _FLAGS = {"-q", "--quiet", "-h", "--help"}
 
 
@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="time this device's work too (cuda, cuda:1), or none; default auto: once the program uses CUDA",
     )
     parser.add_argument("--val-phase", default="val", help="the name of loops without backward (default: val)")
+    parser.add_argument(
+        "--trace-steps",
+        type=int,
+        metavar="N",
+        help="also keep the timeline of the last N steps, for stepwatch export run.json -o trace.json",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no report on stderr (the run is still saved)")
     return parser
 
@@ -84,6 +90,8 @@ def main(arguments: Sequence[str]) -> int:
 
     target = args.module if args.module is not None else program[0]
     try:
+        if args.trace_steps is not None:
+            _default._keep_trace(args.trace_steps)
         _default.enable(
             out=args.out or run_file(target, module=args.module is not None),
             warmup=args.warmup,

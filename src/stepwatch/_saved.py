@@ -77,6 +77,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
             "sync": stopwatch.sync,
             "nvtx": stopwatch.nvtx,
             "memory": stopwatch.memory,
+            "trace_steps": None if stopwatch._trace is None else stopwatch._trace.steps,
         },
         "device_error": None if stopwatch._device is None else stopwatch._device.error,
         "dropped_blocks": stopwatch._dropped_blocks,

@@ -189,6 +189,20 @@ def check_metadata(data: Any) -> None:
             raise _fail(f"metadata.config.{key}", "must be true or false")
 
 
+def check_trace(events: Any) -> None:
+    """The timeline: a list of [phase, lane, path, start_ns, duration_ns]."""
+    if not isinstance(events, list):
+        raise _fail("trace", "must be a list of events")
+    for index, event in enumerate(events):
+        where = f"trace[{index}]"
+        if not isinstance(event, list) or len(event) != 5:
+            raise _fail(where, "must be [phase, lane, path, start_ns, duration_ns]")
+        for position, key in enumerate(("phase", "lane", "path")):
+            _str(event[position], f"{where}.{key}", optional=False)
+        _int(event[3], f"{where}.start_ns")
+        _int(event[4], f"{where}.duration_ns")
+
+
 def check_run(data: Any) -> None:
     """The whole run: phases, elapsed time, metadata and out-of-memory records."""
     data = _dict(data, "run")
@@ -196,6 +210,7 @@ def check_run(data: Any) -> None:
         check_phase(name, phase, f"phases.{name}")
     _number(data.get("elapsed", MISSING), "elapsed", 0, ELAPSED_MAX)
     check_metadata(data.get("metadata", MISSING))
+    check_trace(data.get("trace", []))
     events = data.get("out_of_memory", [])
     if not isinstance(events, list):
         raise _fail("out_of_memory", "must be a list")

@@ -18,6 +18,7 @@ from ._device import OutOfMemory
 if TYPE_CHECKING:
     from ._analysis import Verdict
 from ._stats import RunningStats, percentile, pick_optional, variance_ns2
+from ._trace import TraceEvent
 
 NS_PER_S = 1e9
 OTHER = "other"
@@ -394,11 +395,14 @@ class Summary:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     out_of_memory: tuple[OutOfMemory, ...] = ()
     """Out-of-memory errors raised inside stages, with the device memory at that moment."""
+    trace: tuple[TraceEvent, ...] = ()
+    """The timeline of the last measured steps, when asked for (``Stopwatch(trace_steps=N)``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phases", MappingProxyType(dict(self.phases)))
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
         object.__setattr__(self, "out_of_memory", tuple(self.out_of_memory))
+        object.__setattr__(self, "trace", tuple(self.trace))
 
     @property
     def main_phase(self) -> PhaseSummary:
@@ -432,16 +436,23 @@ class Summary:
         for name, phase in other.phases.items():
             phases[name] = phases[name].merge(phase) if name in phases else phase
         return Summary(
-            phases, max(self.elapsed, other.elapsed), dict(self.metadata), self.out_of_memory + other.out_of_memory
+            phases,
+            max(self.elapsed, other.elapsed),
+            dict(self.metadata),
+            self.out_of_memory + other.out_of_memory,
+            self.trace + other.trace,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "elapsed": self.elapsed,
             "metadata": _plain(self.metadata),
             "phases": {name: phase.to_dict() for name, phase in self.phases.items()},
             "out_of_memory": [asdict(event) for event in self.out_of_memory],
         }
+        if self.trace:  # phase, lane, path, start_ns, duration_ns per event
+            data["trace"] = [event.to_list() for event in self.trace]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
@@ -455,7 +466,8 @@ class Summary:
         if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
             raise TypeError("elapsed must be a number")
         ooms = tuple(OutOfMemory(**dict(event)) for event in data.get("out_of_memory", ()))
-        return cls(phases, float(elapsed), dict(data["metadata"]), ooms)
+        trace = tuple(TraceEvent(*event) for event in data.get("trace", ()))
+        return cls(phases, float(elapsed), dict(data["metadata"]), ooms, trace)
 
 
 def _tree_order(stages: Mapping[str, StageStats]) -> dict[str, StageStats]:

@@ -180,7 +180,7 @@ class WorkerTotals:
         self.wall_before_ns = 0  # carried over from a resumed run
 
     def add(self, report: WorkerReport, received_ns: int) -> None:
-        _, pid, started, busy, ready, _ = report
+        _, pid, started, busy, ready = report[:5]
         self.batches += 1
         self.busy_ns += busy
         self.wait_ns += max(received_ns - ready, 0)

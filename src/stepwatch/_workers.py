@@ -26,7 +26,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-WorkerReport = tuple[int, int, int, int, int, dict[str, Partial]]
+WorkerReport = (
+    tuple[int, int, int, int, int, dict[str, Partial]]
+    | tuple[int, int, int, int, int, dict[str, Partial], list[tuple[str, int, int]]]
+)
+"""(worker id, pid, started, busy ns, ready ns, the batch's measurements[, its timeline events when traced])"""
 """What one batch brings back from its worker, as a plain tuple (it pickles fastest): (worker id, pid, when the
 worker started, how long it worked on the batch, when the batch was ready, in ns on CLOCK_MONOTONIC; and its
 stage statistics since its previous batch, ``{path: Partial}``, folded in the worker)."""
@@ -127,7 +131,9 @@ class TimedCollate:
         ready = time.perf_counter_ns()
         busy = ready - start
         _state.fetch_started_ns = None
-        report = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, stopwatch._take())
+        report: WorkerReport = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, stopwatch._take())
+        if stopwatch._trace is not None:  # the timeline is kept: the batch's events ride along
+            report = (*report, stopwatch._trace.take_worker_events())
         return Carrier(batch, report)
 
 
@@ -168,7 +174,7 @@ class TimedGetItems:
         dataset = self.dataset
         samples: list[Any] = []
         append = samples.append
-        if stopwatch._measuring is not True or stopwatch._device is not None:
+        if stopwatch._measuring is not True or stopwatch._device is not None or stopwatch._trace is not None:
             for index in indices:
                 with block:
                     append(dataset[index])
@@ -282,12 +288,13 @@ class WorkerInit:
     def __init__(self, worker_init_fn: Callable[[int], Any] | None) -> None:
         self.worker_init_fn = worker_init_fn
         self.enabled = False
+        self.trace = False  # the watching stopwatch keeps a timeline: so do the workers
         self.watcher: Stopwatch | None = None
         """The stopwatch that watches the loader. In a forked worker, its copy becomes the worker's default
         stopwatch (they share one state), so blocks on either record together and come back alike."""
 
     def __getstate__(self) -> dict[str, Any]:  # spawned workers: a stopwatch does not travel
-        return {"worker_init_fn": self.worker_init_fn, "enabled": self.enabled, "watcher": None}
+        return {"worker_init_fn": self.worker_init_fn, "enabled": self.enabled, "trace": self.trace, "watcher": None}
 
     def __call__(self, worker_id: int) -> None:
         if not self.enabled:
@@ -297,7 +304,7 @@ class WorkerInit:
         from torch.utils.data import get_worker_info
 
         stopwatch = _default_stopwatch()
-        stopwatch._start_in_worker()
+        stopwatch._start_in_worker(self.trace)
         if self.watcher is not None and self.watcher is not stopwatch:
             self.watcher.__dict__ = stopwatch.__dict__  # the worker's own copy of it, in this process only
         if self.worker_init_fn is not None:  # start-up: its own row (worker_init [w]), never idle time

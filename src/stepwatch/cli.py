@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
 import sys
 from collections.abc import Sequence
@@ -260,6 +261,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         chosen = chosen or guessed
     chosen = chosen or FORMATS["text"]
+    if chosen.name == "trace" and not any(run.trace for run in runs):
+        print(
+            f"stepwatch: {args.file} kept no timeline: record with Stopwatch(trace_steps=200) or"
+            " stepwatch run --trace-steps 200",
+            file=sys.stderr,
+        )
+        return 2
     if len(runs) == 1:
         text = chosen.render(runs[0])
     elif chosen.render_ranks is not None:
@@ -275,8 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.output:
         try:
-            with open(args.output, "w", encoding="utf-8") as file:
-                file.write(text)
+            if args.output.lower().endswith(".gz"):
+                with gzip.open(args.output, "wt", encoding="utf-8") as compressed:
+                    compressed.write(text)
+            else:
+                with open(args.output, "w", encoding="utf-8") as file:
+                    file.write(text)
         except OSError as error:
             print(f"stepwatch: {args.output}: cannot write: {error.strerror or error}", file=sys.stderr)
             return 2

@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import _default
 from .._auto import batch_size
-from .._loops import Beats
+from .._driven import Beats
 from .._patches import Patches
 from .._summary import ONE_OFF, OTHER, Summary
 from .._tree import DEFAULT_PHASE, DROPPED, FOLD, OVERFLOW

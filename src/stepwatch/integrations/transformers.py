@@ -30,7 +30,7 @@ from typing import Any
 
 from .. import _default
 from .._auto import batch_size
-from .._loops import Beats
+from .._driven import Beats
 from .._summary import Summary
 from .._tree import DEFAULT_PHASE
 from ..distributed import end_report, is_rank_zero

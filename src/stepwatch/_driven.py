@@ -1,0 +1,66 @@
+"""Loops driven from outside a ``for`` statement, and phases renamed after the fact.
+
+:class:`Beats` is a loop that a framework advances with its own calls (Lightning's and Hugging Face's fetches);
+:func:`rename_phase` moves what a phase recorded when auto-instrumentation guessed a loop's kind wrong.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from ._loops import iterate
+from ._tree import Phase, collect
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+
+def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
+    """Files what a phase recorded under another name (auto-instrumentation guessed a loop's kind before it
+    ran); only when no loop of it is running and ``new`` holds nothing. The phase under the old name stays,
+    empty: threads' stacks stand on its root. Returns whether it was moved."""
+    with sw._lock:
+        phase = sw._phases.get(old)
+        taken = sw._phases.get(new)
+        running = any(site.phase == old for sites in sw._loop_sites.values() for site in sites)
+        if phase is None or running or (taken is not None and not is_empty(taken)):
+            return False
+        phase.move_into(sw._phase(new))
+        if old in sw._loader_configs:
+            sw._loader_configs[new] = sw._loader_configs.pop(old)
+        if old in sw._looped_phases:
+            sw._looped_phases = {new if name == old else name: None for name in sw._looped_phases}
+        return True
+
+
+def is_empty(phase: Phase) -> bool:
+    """Whether nothing is recorded in ``phase`` (it may be left from before a reset)."""
+    stages: dict[str, Any] = {}
+    collect(phase.root, stages)
+    return not (stages or phase.counters or phase.workers or phase.steps)
+
+
+class Beats:
+    """A loop advanced by a framework's own calls (``iterate(beats=True)``): ``wait()`` ends the step under way
+    and starts the wait for the next batch, ``go()`` ends the wait and starts the step. Its DataLoaders'
+    workers count as busy for the advice while it runs."""
+
+    def __init__(self, sw: Stopwatch, phase: str, source: Any = None) -> None:
+        self._sw = sw
+        self._steps: Generator[Any, None, None] = iterate(sw, (), "loader", "step", phase, source, beats=True)
+        self._consuming: list[int] | None = None
+
+    def wait(self) -> None:
+        next(self._steps)
+        if self._consuming is None:  # the loop's phase is the thread's from its first beat
+            self._consuming = self._sw._consuming_interval()
+
+    def go(self) -> None:
+        next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+        if self._consuming is not None:
+            self._consuming[1] = time.perf_counter_ns()

@@ -1,0 +1,85 @@
+"""The timeline of recent steps: the start and end of every block of the last N measured steps, kept in a
+bounded ring (``Stopwatch(trace_steps=200)``), for the Chrome / Perfetto trace export.
+
+Off by default, and then nothing here runs. On, a block appends one tuple when it closes; each completed step
+of an outermost loop closes its list of events into the ring, which keeps the last N. Blocks recorded inside
+DataLoader workers come back with their batch's report, as events of their worker's lane. The lists are read
+only when a summary is taken.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+MAX_TRACE_STEPS = 100_000
+LOOSE_EVENTS = 100_000
+"""At most this many events wait for their step to end (blocks with no loop, or a step of more blocks): past
+it, the older half is dropped, so memory stays bounded by the ring and this whatever the program does."""
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One block of the timeline: its phase, its lane (``thread <name>`` or ``worker <id>``), its stage path,
+    and its start and duration in nanoseconds of the host's monotonic clock."""
+
+    phase: str
+    lane: str
+    path: str
+    start_ns: int
+    duration_ns: int
+
+    def to_list(self) -> list[Any]:
+        return [self.phase, self.lane, self.path, self.start_ns, self.duration_ns]
+
+
+class Trace:
+    """The ring of the last ``steps`` steps' events. ``events`` is the step under way: ``(node or path, start,
+    end, lane)`` tuples, the lane being the recording thread's stack or ``("worker", id)``."""
+
+    __slots__ = ("events", "kept", "steps")
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.kept: deque[tuple[str, list[tuple[Any, int, int, Any]]]] = deque(maxlen=steps)
+        self.events: list[tuple[Any, int, int, Any]] = []
+
+    def step_done(self, phase: str) -> None:
+        """A step of ``phase`` ended: its events go into the ring (the oldest step leaves it when full)."""
+        events, self.events = self.events, []
+        if events:
+            self.kept.append((phase, events))
+
+    def take_worker_events(self) -> list[tuple[str, int, int]]:
+        """In a DataLoader worker: the events since the last call, as (path, start, end), for the batch's
+        report."""
+        events, self.events = self.events, []
+        return [(_path(node), start, end) for node, start, end, _ in events]
+
+    def add_worker_events(self, worker: int, events: list[tuple[str, int, int]], under: str) -> None:
+        """A batch's events from worker ``worker``, filed under the stage ``under`` (the loader's)."""
+        lane = ("worker", worker)
+        self.events.extend((f"{under}/{path}", start, end, lane) for path, start, end in events)
+
+    def clear(self) -> None:
+        self.kept.clear()
+        self.events = []
+
+    def snapshot(self, stacks: dict[int, list[Any]]) -> tuple[TraceEvent, ...]:
+        """The kept steps' events, oldest first, with their threads named (``stacks``: thread id -> stack)."""
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        lanes: dict[int, str] = {}
+        for ident, stack in stacks.items():
+            lanes[id(stack)] = f"thread {names.get(ident, ident)}"
+        result = []
+        for phase, events in list(self.kept):
+            for node, start, end, lane in list(events):
+                name = f"worker {lane[1]}" if isinstance(lane, tuple) else lanes.get(id(lane), "thread ?")
+                result.append(TraceEvent(phase, name, _path(node), start, end - start))
+        return tuple(result)
+
+
+def _path(node: Any) -> str:
+    return node if isinstance(node, str) else str(node.path)
