@@ -121,7 +121,7 @@ class TracedBlock(Block):
                 buf.append(end - frame[2])
                 trace = sw._trace
                 if trace is not None and node is not DROPPED:
-                    trace.events.append((node, frame[2], end, stack))
+                    trace.events += (node, frame[2], end, stack)
                 if len(buf) >= 1024:  # FOLD, inlined
                     sw._fold(node)
             else:
@@ -177,7 +177,7 @@ class DeviceBlock(Block):
             node.buf.append(end - frame[2])
             trace = sw._trace
             if trace is not None and node is not DROPPED:
-                trace.events.append((node, frame[2], end, stack))
+                trace.events += (node, frame[2], end, stack)
             if len(node.buf) >= FOLD:
                 sw._fold(node)
             if device is not None and len(frame) > 3:

@@ -29,14 +29,13 @@ def trace_events(runs: Sequence[Summary]) -> list[dict[str, Any]]:
         host = run.metadata.get("host") or "?"
         label = f"rank {pid} ({host}, pid {run.metadata.get('pid')})" if len(runs) > 1 else f"stepwatch ({host})"
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
-        lanes: dict[str, int] = {}
+        names = sorted({event.lane for event in run.trace}, key=lambda name: (name.startswith("worker"), name))
+        lanes = {name: tid for tid, name in enumerate(names, 1)}  # the threads first, then the workers
+        for name, tid in lanes.items():
+            lane = {"pid": pid, "tid": tid}
+            events.append({"ph": "M", "name": "thread_name", **lane, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", **lane, "args": {"sort_index": tid}})
         for event in run.trace:
-            if event.lane not in lanes:
-                tid = lanes[event.lane] = len(lanes) + 1
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": event.lane}})
-                events.append(
-                    {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
-                )
             events.append(
                 {
                     "ph": "X",

@@ -236,7 +236,7 @@ def iterate(
                 else:
                     close_frame(sw, stack, frame, ready, loop_phase if frame[1] is wait_node else None)
                 if trace is not None and frame[1] is not DROPPED:
-                    trace.events.append((frame[1], frame[2], ready, stack))
+                    trace.events += (frame[1], frame[2], ready, stack)
                 node = first_body_node if first else body_node
                 if first and loop_phase is not None:
                     loop_phase.in_first_step = True
@@ -281,7 +281,7 @@ def iterate(
 def trace_step(trace: Trace, frame: Any, end: int, stack: list[Any], phase: str | None) -> None:
     """The timeline: a step's body, then, for an outermost loop, the step's events into the ring."""
     if frame[1] is not DROPPED:
-        trace.events.append((frame[1], frame[2], end, stack))
+        trace.events += (frame[1], frame[2], end, stack)
     if phase is not None:
         trace.step_done(phase)
 

@@ -378,8 +378,8 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
 
     def _fold(self, node: Node) -> None:
         trace = self._trace
-        if trace is not None and len(trace.events) > LOOSE_EVENTS:  # blocks with no step: bounded all the same
-            del trace.events[: LOOSE_EVENTS // 2]
+        if trace is not None and len(trace.events) > 4 * LOOSE_EVENTS:  # blocks with no step: bounded all the same
+            del trace.events[: 2 * LOOSE_EVENTS]  # the older half (4 items an event)
         with self._lock:
             fold(node)
             if node is DROPPED and self._measuring is False:

@@ -36,15 +36,16 @@ class TraceEvent:
 
 
 class Trace:
-    """The ring of the last ``steps`` steps' events. ``events`` is the step under way: ``(node or path, start,
-    end, lane)`` tuples, the lane being the recording thread's stack or ``("worker", id)``."""
+    """The ring of the last ``steps`` steps' events. ``events`` is the step under way, flat: ``node or path,
+    start, end, lane`` for each event, the lane being the recording thread's stack or ``("worker", id)``. Flat,
+    because a tuple per event would be a container the garbage collector keeps visiting: three times the cost."""
 
     __slots__ = ("events", "kept", "steps")
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
-        self.kept: deque[tuple[str, list[tuple[Any, int, int, Any]]]] = deque(maxlen=steps)
-        self.events: list[tuple[Any, int, int, Any]] = []
+        self.kept: deque[tuple[str, list[Any]]] = deque(maxlen=steps)
+        self.events: list[Any] = []
 
     def step_done(self, phase: str) -> None:
         """A step of ``phase`` ended: its events go into the ring (the oldest step leaves it when full)."""
@@ -56,12 +57,13 @@ class Trace:
         """In a DataLoader worker: the events since the last call, as (path, start, end), for the batch's
         report."""
         events, self.events = self.events, []
-        return [(_path(node), start, end) for node, start, end, _ in events]
+        return [(_path(events[i]), events[i + 1], events[i + 2]) for i in range(0, len(events) - 3, 4)]
 
     def add_worker_events(self, worker: int, events: list[tuple[str, int, int]], under: str) -> None:
         """A batch's events from worker ``worker``, filed under the stage ``under`` (the loader's)."""
         lane = ("worker", worker)
-        self.events.extend((f"{under}/{path}", start, end, lane) for path, start, end in events)
+        for path, start, end in events:
+            self.events += (f"{under}/{path}", start, end, lane)
 
     def clear(self) -> None:
         self.kept.clear()
@@ -75,7 +77,9 @@ class Trace:
             lanes[id(stack)] = f"thread {names.get(ident, ident)}"
         result = []
         for phase, events in list(self.kept):
-            for node, start, end, lane in list(events):
+            events = list(events)
+            for i in range(0, len(events) - 3, 4):
+                node, start, end, lane = events[i : i + 4]
                 name = f"worker {lane[1]}" if isinstance(lane, tuple) else lanes.get(id(lane), "thread ?")
                 result.append(TraceEvent(phase, name, _path(node), start, end - start))
         return tuple(result)
