@@ -171,6 +171,25 @@ def main() -> int:
         )
     )
 
+    # 7. the timeline's device lane: each stage's device time, placed on the CPU's clock by the anchor
+    sw = stepwatch.Stopwatch(device="cuda", trace_steps=20)
+    sw.enable()
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in sw.timed_iter(range(10)):
+        with sw.timed("forward"):
+            for _ in range(4):
+                x = torch.tanh(x @ x)
+    traced = sw.summary()
+    lane = [e for e in traced.trace if e.lane.startswith("device") and e.path == "step/forward"]
+    device_total = traced.stages["step/forward"].device.total_ns if traced.stages["step/forward"].device else 0
+    checks.append(
+        (
+            "timeline: device lane holds forward's device time",
+            len(lane) == 9 and sum(e.duration_ns for e in lane) == device_total,
+            f"{len(lane)} device events, {sum(e.duration_ns for e in lane) / 1e6:.2f} ms of {device_total / 1e6:.2f} ms",
+        )
+    )
+
     figures["reports"] = {"gpu_bound": stepwatch.render(bound), "input_starved": stepwatch.render(starved)}
     figures["checks"] = [{"check": name, "passed": ok, "detail": detail} for name, ok, detail in checks]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -163,3 +163,34 @@ def test_stepwatch_run_keeps_the_timeline_with_trace_steps(tmp_path: Path) -> No
     run = stepwatch.load(tmp_path / "auto.json")
     bodies = [e for e in run.trace if e.path in ("step", "first_step") and e.lane == "thread MainThread"]
     assert len(bodies) == 5 and {"step/forward", "step/backward"} <= {e.path for e in run.trace}
+
+
+def test_the_device_lane_holds_each_stages_device_time(clock: FakeClock) -> None:
+    """With a device (the test double of the device interface): every stage's device time is on a device lane,
+    placed by the clock anchor at the time the device ran it."""
+    from .fake_device import FakeDevice
+
+    device = FakeDevice(clock)
+    sw = stepwatch.Stopwatch(clock=clock, device=device, trace_steps=100)  # type: ignore[arg-type]
+    sw.enable()
+    for _ in sw.timed_iter(range(6)):
+        with sw.timed("forward"):
+            device.launch(3_000_000)
+            clock.advance(100_000)
+        with sw.timed("backward"):
+            device.launch(5_000_000)
+            clock.advance(100_000)
+    run = sw.summary()
+    on_device = [e for e in run.trace if e.lane == f"device {device.name}"]
+    for path in ("step/forward", "step/backward"):
+        events = [e for e in on_device if e.path == path]
+        assert len(events) == 5 and sum(e.duration_ns for e in events) == run.stages[path].device.total_ns
+    forward = sorted((e for e in on_device if e.path == "step/forward"), key=lambda e: e.start_ns)
+    backward = sorted((e for e in on_device if e.path == "step/backward"), key=lambda e: e.start_ns)
+    for first, second in zip(forward, backward, strict=True):  # the device ran backward after forward
+        assert second.start_ns >= first.start_ns + first.duration_ns
+    cpu_forward = [e for e in run.trace if e.path == "step/forward" and e.lane.startswith("thread")]
+    cpu_forward.sort(key=lambda e: e.start_ns)
+    assert all(d.start_ns >= c.start_ns for d, c in zip(forward, cpu_forward, strict=True))  # never before
+    names = [e["args"]["name"] for e in trace_events([run]) if e["name"] == "thread_name"]
+    assert names == ["thread MainThread", f"device {device.name}"]

@@ -29,8 +29,9 @@ def trace_events(runs: Sequence[Summary]) -> list[dict[str, Any]]:
         host = run.metadata.get("host") or "?"
         label = f"rank {pid} ({host}, pid {run.metadata.get('pid')})" if len(runs) > 1 else f"stepwatch ({host})"
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
-        names = sorted({event.lane for event in run.trace}, key=lambda name: (name.startswith("worker"), name))
-        lanes = {name: tid for tid, name in enumerate(names, 1)}  # the threads first, then the workers
+        order = ("thread", "device", "worker")  # the threads first, then the device, then the workers
+        names = sorted({event.lane for event in run.trace}, key=lambda name: (_rank_of_lane(name, order), name))
+        lanes = {name: tid for tid, name in enumerate(names, 1)}
         for name, tid in lanes.items():
             lane = {"pid": pid, "tid": tid}
             events.append({"ph": "M", "name": "thread_name", **lane, "args": {"name": name}})
@@ -49,6 +50,11 @@ def trace_events(runs: Sequence[Summary]) -> list[dict[str, Any]]:
                 }
             )
     return events
+
+
+def _rank_of_lane(name: str, order: Sequence[str]) -> int:
+    kind = name.split(" ", 1)[0]
+    return order.index(kind) if kind in order else len(order)
 
 
 def render_trace(summary: Summary) -> str:

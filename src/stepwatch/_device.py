@@ -199,6 +199,8 @@ class DeviceTimer:
         self.dropped = 0
         """Pending measurements given up because the device failed to synchronize."""
         self.error: str | None = None
+        self.trace: Any = None
+        """The stopwatch's timeline of recent steps, when kept: resolved stages go on its device lane."""
 
     # -- stage boundaries ----------------------------------------------------------------------------
 
@@ -321,6 +323,9 @@ class DeviceTimer:
         node.device_buf.append(elapsed)
         if len(node.device_buf) >= 1024:
             self.fold(node)
+        if self.trace is not None and self._anchor is not None:  # when the device ran it, on the CPU's clock
+            ran = self._anchor[1] + self.backend.elapsed_ns(self._anchor[0], start)
+            self.trace.events += (node, ran, ran + elapsed, ("device", self.backend.name))
         if loop is None:
             pool.append(start)
             pool.append(stop)

@@ -189,6 +189,9 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
         if not 1 <= steps <= MAX_TRACE_STEPS:
             raise ValueError(f"trace_steps must be from 1 to {MAX_TRACE_STEPS:,}, got {steps}")
         self._trace = Trace(steps)
+        device = getattr(self, "_device", None)
+        if device is not None:
+            device.trace = self._trace
         if hasattr(self, "_blocks"):
             self._blocks.clear()  # made again, traced
 
@@ -204,6 +207,7 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
                 stage_memory=self.memory == "stage",
                 clock=self._clock,
             )
+            self._device.trace = self._trace
 
     def _use_device(self, device: Any) -> None:
         """Time on ``device`` from now on (auto-instrumentation finds the model's device after the start):

@@ -22,8 +22,9 @@ it, the older half is dropped, so memory stays bounded by the ring and this what
 
 @dataclass(frozen=True)
 class TraceEvent:
-    """One block of the timeline: its phase, its lane (``thread <name>`` or ``worker <id>``), its stage path,
-    and its start and duration in nanoseconds of the host's monotonic clock."""
+    """One block of the timeline: its phase, its lane (``thread <name>``, ``worker <id>`` or ``device <name>``
+    for the device's time of a stage), its stage path, and its start and duration in nanoseconds of the host's
+    monotonic clock."""
 
     phase: str
     lane: str
@@ -76,13 +77,20 @@ class Trace:
         for ident, stack in stacks.items():
             lanes[id(stack)] = f"thread {names.get(ident, ident)}"
         result = []
-        for phase, events in list(self.kept):
+        last = self.kept[-1][0] if self.kept else "train"
+        current = list(self.events)  # the device's stages resolved since the last step (the summary's drain)
+        late = [current[i : i + 4] for i in range(0, len(current) - 3, 4) if _on_device(current[i + 3])]
+        for phase, events in [*list(self.kept), (last, [item for event in late for item in event])]:
             events = list(events)
             for i in range(0, len(events) - 3, 4):
                 node, start, end, lane = events[i : i + 4]
-                name = f"worker {lane[1]}" if isinstance(lane, tuple) else lanes.get(id(lane), "thread ?")
+                name = f"{lane[0]} {lane[1]}" if isinstance(lane, tuple) else lanes.get(id(lane), "thread ?")
                 result.append(TraceEvent(phase, name, _path(node), start, end - start))
         return tuple(result)
+
+
+def _on_device(lane: Any) -> bool:
+    return isinstance(lane, tuple) and lane[0] == "device"
 
 
 def _path(node: Any) -> str:
