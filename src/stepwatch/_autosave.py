@@ -39,9 +39,10 @@ _hooks_installed = False
 _previous_signal_handlers: dict[int, Any] = {}
 _previous_excepthook = sys.excepthook
 _owner_pid = 0
-_crashed = False
 """The process that installed the hooks: a forked child (a DataLoader worker) inherits them, but must never
 write its stale copy of the parent's recording over the parent's file."""
+_crashed = False
+"""An uncaught exception ended this process: its saves gather nothing (see :func:`save_all`)."""
 
 
 def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False) -> None:
@@ -71,9 +72,9 @@ def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False
 
 def save_all(reason: str, final: bool = True) -> None:
     """Saves every registered stopwatch that has an output path; never raises. ``final``: the program ends
-        now, so the reports asked for are printed (once). Does nothing in a child process: the run file belongs to
-        the process that started the run, not to its DataLoader workers or other children, forked (which inherit
-        these hooks and a stale copy of the recording) or spawned (which inherit ``STEPWATCH_OUT``). In a job of
+    now, so the reports asked for are printed (once). Does nothing in a child process: the run file belongs to
+    the process that started the run, not to its DataLoader workers or other children, forked (which inherit
+    these hooks and a stale copy of the recording) or spawned (which inherit ``STEPWATCH_OUT``). In a job of
     several ranks, a final save also gathers the ranks onto rank 0, unless this rank crashed (an uncaught
     exception: the others are likely still training, and rank 0 would wait for them in vain)."""
     if os.getpid() != _owner_pid or multiprocessing.parent_process() is not None:
