@@ -145,6 +145,20 @@ def test_a_rank_with_a_slow_dataset_is_the_straggler_though_backward_hides_it(tm
         )
         assert again.returncode == 0 and again.stdout == report_text
 
+    # the exporters on a real all-ranks file: the trace has one process per rank, the page and the plot each rank
+    for name in ("ddp.trace.json", "ddp.html", "ddp.png"):
+        command = "plot" if name.endswith(".png") else "export"
+        result = subprocess.run(
+            [PYTHON, "-m", "stepwatch", command, str(merged), "-o", str(tmp_path / name)],
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+    trace = json.loads((tmp_path / "ddp.trace.json").read_text())["traceEvents"]
+    assert {e["pid"] for e in trace if e["ph"] == "X"} == set(range(world))
+    assert f"{world} of {world} ranks" in (tmp_path / "ddp.html").read_text()
+
 
 @pytest.mark.slow
 def test_a_rank_with_a_slow_forward_is_the_straggler(tmp_path: Path) -> None:

@@ -198,8 +198,8 @@ def gather(
     not answer by then are warned about and listed in ``missing``. ``tag`` names the gather (the same on every
     rank; default: a count of the gathers). With ``among``, only the ranks that announced it
     (:func:`announce`) are waited for: the gather at exit, which a rank that records nothing never reaches.
-    ``windows`` also sends each stage's recent measurements (for per-rank percentiles), which the figures of
-    the all-ranks report do not need."""
+    ``windows`` also sends each stage's recent measurements (for per-rank percentiles) and the timeline of
+    recent steps when kept, which the figures of the all-ranks report do not need."""
     global _gathers
     if timeout is not None and not (isinstance(timeout, (int, float)) and 0 <= timeout < float("inf")):
         raise ValueError(f"timeout must be a number of seconds, 0 or more, got {timeout!r}")
@@ -283,10 +283,12 @@ def _key(kind: str, name: str, rank: int) -> str:
 def _encode(summary: Summary, windows: bool) -> bytes:
     """The summary's exact integer statistics as compressed JSON, without the recent measurements unless
     ``windows``: a kilobyte or two per rank."""
-    if not windows:
+    if not windows:  # nor the timeline's events: per-rank files keep them (stepwatch merge gathers them)
         phases = summary.phases
         summary = replace(
-            summary, phases={name: replace(p, stages=_without_windows(p.stages)) for name, p in phases.items()}
+            summary,
+            phases={name: replace(p, stages=_without_windows(p.stages)) for name, p in phases.items()},
+            trace=(),
         )
     data = summary.to_dict()
     for phase in data["phases"].values():

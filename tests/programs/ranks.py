@@ -56,7 +56,7 @@ def ddp_train(rank, world, init_file, out, busy_s, slow_forward_rank):
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loader = torch.utils.data.DataLoader(Busy(busy_s[rank]), batch_size=4)
-        sw = stepwatch.Stopwatch()
+        sw = stepwatch.Stopwatch(trace_steps=50)  # each rank's file keeps its timeline
         sw.enable()
         for x, y in sw.watch(loader):
             with sw.timed("forward"):
