@@ -65,6 +65,7 @@ def test_file_has_schema_and_metadata(tmp_path: Path, clock: FakeClock) -> None:
         "sync": False,
         "nvtx": False,
         "memory": "step",
+        "trace_steps": None,
     }
 
 

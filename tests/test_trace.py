@@ -90,7 +90,9 @@ def check_trace_format(document: dict[str, Any]) -> list[dict[str, Any]]:
         assert set(event) >= {"name", "ph", "ts", "dur", "pid", "tid", "cat"}
         assert isinstance(event["ts"], float) and event["ts"] >= 0 and event["dur"] >= 0
         assert (event["pid"], event["tid"]) in named and event["pid"] in processes
-    assert {e["ph"] for e in events} <= {"X", "M"}
+    assert {e["ph"] for e in events} <= {"X", "M", "C"}
+    for counter in (e for e in events if e["ph"] == "C"):
+        assert counter["args"] and all(isinstance(v, float) for v in counter["args"].values())
     return complete
 
 
@@ -173,14 +175,22 @@ def test_the_device_lane_holds_each_stages_device_time(clock: FakeClock) -> None
     device = FakeDevice(clock)
     sw = stepwatch.Stopwatch(clock=clock, device=device, trace_steps=100)  # type: ignore[arg-type]
     sw.enable()
-    for _ in sw.timed_iter(range(6)):
+    for index in sw.timed_iter(range(6)):
         with sw.timed("forward"):
             device.launch(3_000_000)
+            device.allocate((index + 1) * 2**20)  # the step's peak: index + 1 MiB
             clock.advance(100_000)
         with sw.timed("backward"):
             device.launch(5_000_000)
+            device.free((index + 1) * 2**20)
             clock.advance(100_000)
     run = sw.summary()
+    memory = [e for e in run.trace if e.lane == "counter device memory" and e.path == "allocated"]
+    # each steady-state step's peak, in order (the one-off first step is apart, as in the device figures)
+    assert [e.value for e in memory] == [(index + 1) * 2**20 for index in range(1, 6)]
+    counters = [e for e in trace_events([run]) if e["ph"] == "C"]
+    assert [c["args"]["allocated MiB"] for c in counters] == [2.0, 3.0, 4.0, 5.0, 6.0]
+    check_trace_format({"traceEvents": trace_events([run])})
     on_device = [e for e in run.trace if e.lane == f"device {device.name}"]
     for path in ("step/forward", "step/backward"):
         events = [e for e in on_device if e.path == path]

@@ -1,9 +1,10 @@
 """The Chrome / Perfetto trace of a run's recent steps (``stepwatch export run.json -o trace.json``).
 
 The trace event format: one complete event (``"ph": "X"``, microseconds) per block of the timeline that
-``Stopwatch(trace_steps=N)`` kept, ``process_name`` and ``thread_name`` metadata, one process per rank (its
-pid is the rank in an all-ranks file) and one thread per recording thread and per DataLoader worker. It opens
-in ui.perfetto.dev and chrome://tracing.
+``Stopwatch(trace_steps=N)`` kept, ``process_name`` and ``thread_name`` metadata, counters (``"ph": "C"``) of
+the device memory at each step's end where measured, one process per rank (its pid is the rank in an all-ranks
+file) and one thread per recording thread, device and DataLoader worker. It opens in ui.perfetto.dev and
+chrome://tracing.
 """
 
 from __future__ import annotations
@@ -30,13 +31,20 @@ def trace_events(runs: Sequence[Summary]) -> list[dict[str, Any]]:
         label = f"rank {pid} ({host}, pid {run.metadata.get('pid')})" if len(runs) > 1 else f"stepwatch ({host})"
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
         order = ("thread", "device", "worker")  # the threads first, then the device, then the workers
-        names = sorted({event.lane for event in run.trace}, key=lambda name: (_rank_of_lane(name, order), name))
+        names = sorted(
+            {event.lane for event in run.trace if event.value is None},
+            key=lambda name: (_rank_of_lane(name, order), name),
+        )
         lanes = {name: tid for tid, name in enumerate(names, 1)}
         for name, tid in lanes.items():
             lane = {"pid": pid, "tid": tid}
             events.append({"ph": "M", "name": "thread_name", **lane, "args": {"name": name}})
             events.append({"ph": "M", "name": "thread_sort_index", **lane, "args": {"sort_index": tid}})
+        counters: dict[tuple[str, int], dict[str, float]] = {}
         for event in run.trace:
+            if event.value is not None:  # a counter: its series at one time become one event
+                counters.setdefault((event.lane, event.start_ns), {})[f"{event.path} MiB"] = event.value / 2**20
+                continue
             events.append(
                 {
                     "ph": "X",
@@ -49,6 +57,9 @@ def trace_events(runs: Sequence[Summary]) -> list[dict[str, Any]]:
                     "args": {"path": event.path, "phase": event.phase},
                 }
             )
+        for (counter, start), series in counters.items():
+            name = counter.removeprefix("counter ")
+            events.append({"ph": "C", "name": name, "pid": pid, "ts": (start - origin) / 1e3, "args": series})
     return events
 
 

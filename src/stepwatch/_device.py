@@ -245,6 +245,9 @@ class DeviceTimer:
             if len(parent_frame) > 3 and parent_frame[4] >= 0:
                 parent_frame[4] = max(parent_frame[4], peak)
                 parent_frame[5] = max(parent_frame[5], reserved)
+            if self.trace is not None and loop is not None:  # the step's peaks, as the timeline's counters
+                now, lane = self.clock(), ("counter", "device memory")
+                self.trace.events += ("allocated", now, peak, lane, "reserved", now, reserved, lane)
         if self.nvtx:
             backend.range_pop()
         # when the CPU issued the step's end, and the step's CPU time: compared, once resolved, with when the

@@ -27,8 +27,9 @@ figure { margin: 1em 0; } svg { max-width: 100%; height: auto; }
 """
 
 
-def render_html(run: Summary | AllRanks, title: str = "run") -> str:
-    """The page for one run, or for the ranks of a job (their spread, the straggler, and rank 0's tables)."""
+def render_html(run: Summary | AllRanks, title: str = "run", plots: bool = True) -> str:
+    """The page for one run, or for the ranks of a job (their spread, the straggler, and rank 0's tables);
+    ``plots=False`` leaves the plots out (drawing them is most of the time)."""
     from .distributed import AllRanks
 
     job = run if isinstance(run, AllRanks) else None
@@ -46,7 +47,8 @@ def render_html(run: Summary | AllRanks, title: str = "run") -> str:
     parts.append(_verdict(summary))
     for phase in summary.phases.values():
         parts.append(_phase(phase))
-    parts.append(_plots(run))
+    if plots:
+        parts.append(_plots(run))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 

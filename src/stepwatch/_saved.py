@@ -232,7 +232,9 @@ def parse_summary(raw: bytes, path: str | os.PathLike[str] = "<bytes>") -> Summa
     except UnicodeDecodeError:
         raise FormatError(path, "not a JSON text file (invalid UTF-8)") from None
     except json.JSONDecodeError as error:
-        at_end = error.pos >= len(raw.rstrip()) - 1 or error.msg.startswith("Unterminated string")
+        rest = error.doc[error.pos :].strip()  # a literal cut short (``nu`` of ``null``) is a truncation too
+        cut_literal = bool(rest) and any(word.startswith(rest) for word in ("null", "true", "false"))
+        at_end = error.pos >= len(raw.rstrip()) - 1 or error.msg.startswith("Unterminated string") or cut_literal
         reason = "truncated JSON" if at_end else "not valid JSON"
         raise FormatError(path, f"{reason} ({error.msg} at line {error.lineno}, column {error.colno})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:

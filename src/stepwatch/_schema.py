@@ -190,17 +190,19 @@ def check_metadata(data: Any) -> None:
 
 
 def check_trace(events: Any) -> None:
-    """The timeline: a list of [phase, lane, path, start_ns, duration_ns]."""
+    """The timeline: a list of [phase, lane, path, start_ns, duration_ns(, value for a counter)]."""
     if not isinstance(events, list):
         raise _fail("trace", "must be a list of events")
     for index, event in enumerate(events):
         where = f"trace[{index}]"
-        if not isinstance(event, list) or len(event) != 5:
-            raise _fail(where, "must be [phase, lane, path, start_ns, duration_ns]")
+        if not isinstance(event, list) or len(event) not in (5, 6):
+            raise _fail(where, "must be [phase, lane, path, start_ns, duration_ns] and, for a counter, its value")
         for position, key in enumerate(("phase", "lane", "path")):
             _str(event[position], f"{where}.{key}", optional=False)
         _int(event[3], f"{where}.start_ns")
         _int(event[4], f"{where}.duration_ns")
+        if len(event) == 6:
+            _int(event[5], f"{where}.value")
 
 
 def check_run(data: Any) -> None:

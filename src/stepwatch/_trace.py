@@ -31,9 +31,13 @@ class TraceEvent:
     path: str
     start_ns: int
     duration_ns: int
+    value: int | None = None
+    """For a counter (lane ``counter <name>``, duration 0): its value at ``start_ns``, e.g. the device memory
+    (``path`` ``allocated`` or ``reserved``, in bytes) at the end of a step."""
 
     def to_list(self) -> list[Any]:
-        return [self.phase, self.lane, self.path, self.start_ns, self.duration_ns]
+        event = [self.phase, self.lane, self.path, self.start_ns, self.duration_ns]
+        return event if self.value is None else [*event, self.value]
 
 
 class Trace:
@@ -79,17 +83,21 @@ class Trace:
         result = []
         last = self.kept[-1][0] if self.kept else "train"
         current = list(self.events)  # the device's stages resolved since the last step (the summary's drain)
-        late = [current[i : i + 4] for i in range(0, len(current) - 3, 4) if _on_device(current[i + 3])]
+        late = [current[i : i + 4] for i in range(0, len(current) - 3, 4) if _late(current[i + 3])]
         for phase, events in [*list(self.kept), (last, [item for event in late for item in event])]:
             events = list(events)
             for i in range(0, len(events) - 3, 4):
                 node, start, end, lane = events[i : i + 4]
                 name = f"{lane[0]} {lane[1]}" if isinstance(lane, tuple) else lanes.get(id(lane), "thread ?")
-                result.append(TraceEvent(phase, name, _path(node), start, end - start))
+                if name.startswith("counter "):  # its value where a block has its end
+                    result.append(TraceEvent(phase, name, _path(node), start, 0, end))
+                else:
+                    result.append(TraceEvent(phase, name, _path(node), start, end - start))
         return tuple(result)
 
 
-def _on_device(lane: Any) -> bool:
+def _late(lane: Any) -> bool:
+    """The device's lanes, whose events may arrive after their step ended."""
     return isinstance(lane, tuple) and lane[0] == "device"
 
 
