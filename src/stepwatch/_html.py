@@ -9,6 +9,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from ._analysis import analyze
+from ._render import rates, straggler_verdict
 from ._summary import ONE_OFF, PhaseSummary, Summary
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def _cell(value: float, scale: float = 1e3, digits: int = 3) -> str:
 
 
 def _phase(phase: PhaseSummary) -> str:
-    rates = ", ".join(f"{rate:,.1f} {unit}/s" for unit, rate in phase.throughput.items())
+    throughput = rates(phase.throughput)
     rows = []
     for path, stage in phase.stages.items():
         one_off = path.split("/", 1)[0] in ONE_OFF
@@ -93,7 +94,8 @@ def _phase(phase: PhaseSummary) -> str:
         + "".join(rows)
         + "</table>"
     )
-    heading = f"{phase.name} · {phase.steps} steps · {phase.measured:.3f} s measured" + (f" · {rates}" if rates else "")
+    heading = f"{phase.name} · {phase.steps} steps · {phase.measured:.3f} s measured"
+    heading += f" · {throughput}" if throughput else ""
     return f"<h2>{escape(heading)}</h2>{table}{_workers(phase)}"
 
 
@@ -124,19 +126,13 @@ def _ranks(job: AllRanks) -> str:
     ranks = "".join(
         f'<tr data-rank="{r.rank}"><td>{r.rank}</td><td>{r.steps}</td><td>{_cell(r.step_s)}</td>'
         f"<td>{_cell(r.loader_share, 100, 1)}</td>"
-        f"<td>{escape(', '.join(f'{rate:,.1f} {unit}/s' for unit, rate in r.throughput.items()) or '-')}</td></tr>"
+        f"<td>{escape(rates(r.throughput) or '-')}</td></tr>"
         for r in report.ranks
     )
     straggler = report.straggler
-    verdict = (
-        f"no straggler: no rank's loader, h2d or forward exceeds the median by more than {report.threshold:.0%} of"
-        " the median step"
-        if straggler is None
-        else f"straggler: rank {straggler.rank}, {straggler.stage}: {straggler.excess_s * 1e3:.3f} ms per step over"
-        f" the median of the ranks ({straggler.excess_s / straggler.step_s:.0%} of the median step)"
-    )
+    verdict = straggler_verdict(report)
     missing = f"<p>missing: rank {', '.join(map(str, job.missing))} did not answer</p>" if job.missing else ""
-    job_rate = ", ".join(f"{rate:,.1f} {unit}/s" for unit, rate in report.job_throughput.items()) or "no counts"
+    job_rate = rates(report.job_throughput) or "no counts"
     return (
         f"<h2>all ranks · {escape(report.phase)} · {len(report.ranks)} of {job.world_size} ranks</h2>"
         f'<div class="verdict{" ok" if straggler is None else ""}"><p><strong>{escape(verdict)}</strong></p></div>'

@@ -72,10 +72,10 @@ _DEVICE_HEADER = ("dev ms/call", "peak MiB")
 
 
 def _render_phase(phase: PhaseSummary, loader: Mapping[str, Any]) -> str:
-    rates = ", ".join(f"{_rate(value)} {unit}/s" for unit, value in phase.throughput.items())
+    throughput = rates(phase.throughput)
     title = f"stepwatch · {phase.name} · {phase.steps} steps · {phase.measured:.3f} s measured"
-    if rates:
-        title += f" · {rates}"
+    if throughput:
+        title += f" · {throughput}"
     elif phase.counters and not phase.loop_ns:
         title += f" · {', '.join(phase.counters)} counted, no rate: without a timed loop the span is unknown"
     with_device = any(stage.device is not None or stage.peak_allocated is not None for stage in phase.stages.values())
@@ -85,7 +85,7 @@ def _render_phase(phase: PhaseSummary, loader: Mapping[str, Any]) -> str:
     lines = [title]
     if phase.device.steps:
         busy = phase.device.busy_ns / 1e9
-        device_rates = ", ".join(f"{_rate(value)} {unit}/s" for unit, value in phase.device_throughput.items())
+        device_rates = rates(phase.device_throughput)
         line = f"device: {busy:.3f} s busy over {phase.device.steps} steps, idle {phase.device.idle_share * 100:.1f}%"
         line += " between steps"
         if device_rates:
@@ -317,29 +317,38 @@ def render_ranks(report: RanksReport, world_size: int | None = None) -> str:
     lines.append("")
     lines.append("rank  steps  step ms  loader %  throughput")
     for figures in report.ranks:
-        rates = ", ".join(f"{_rate(rate)} {unit}/s" for unit, rate in figures.throughput.items()) or "-"
+        per_rank = rates(figures.throughput) or "-"
         lines.append(
-            f"{figures.rank:>4}  {figures.steps:>5}  {_ms(figures.step_s):>7}  {figures.loader_share:>8.1%}  {rates}"
+            f"{figures.rank:>4}  {figures.steps:>5}  {_ms(figures.step_s):>7}  {figures.loader_share:>8.1%}  {per_rank}"
         )
-    job = ", ".join(f"{_rate(rate)} {unit}/s" for unit, rate in report.job_throughput.items())
+    job = rates(report.job_throughput)
     slowest = report.slowest
     lines.append(
         f"job: {job or 'no counts'} (sum over ranks); slowest rank: {slowest.rank} ({_ms(slowest.step_s)} ms per step)"
     )
+    lines.append(straggler_verdict(report))
+    return "\n".join(lines) + "\n"
+
+
+def straggler_verdict(report: RanksReport) -> str:
+    """The straggler verdict in one line: the rank, the stage to blame and what the job loses, or none."""
     straggler = report.straggler
     if straggler is None:
-        lines.append(
+        return (
             f"no straggler: no rank's loader, h2d or forward exceeds the median over ranks by more than"
             f" {report.threshold:.0%} of the median step"
         )
-    else:
-        lines.append(
-            f"straggler: rank {straggler.rank}, {straggler.stage}: {_ms(straggler.excess_s)} ms per step over the"
-            f" median of the ranks ({straggler.excess_s / straggler.step_s:.0%} of the median step); the job loses"
-            f" about that much per step waiting for it (backward and optimizer are equalized by collectives and"
-            f" never blamed)"
-        )
-    return "\n".join(lines) + "\n"
+    return (
+        f"straggler: rank {straggler.rank}, {straggler.stage}: {_ms(straggler.excess_s)} ms per step over the"
+        f" median of the ranks ({straggler.excess_s / straggler.step_s:.0%} of the median step); the job loses"
+        f" about that much per step waiting for it (backward and optimizer are equalized by collectives and"
+        f" never blamed)"
+    )
+
+
+def rates(throughput: Mapping[str, float]) -> str:
+    """``1,234.5 samples/s, 98,765.4 tokens/s``; empty without counts."""
+    return ", ".join(f"{_rate(rate)} {unit}/s" for unit, rate in throughput.items())
 
 
 def render_ranks_comparison(comparison: RanksComparison, before_name: str = "before", after_name: str = "after") -> str:

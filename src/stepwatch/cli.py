@@ -7,12 +7,16 @@ import gzip
 import math
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ._analysis import common_phases, compare
 from ._ranks import compare_ranks, merge_ranks
 from ._render import FORMATS, format_for_path, render_comparison, render_ranks_comparison
 from ._saved import FormatError
 from ._summary import Summary
+
+if TYPE_CHECKING:
+    from .distributed import AllRanks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,28 +116,9 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_runs(paths: list[str]) -> list[Summary] | None:
-    """The runs in saved files and all-ranks files, or None after one line on stderr."""
-    from ._saved import load_runs
-
-    runs: list[Summary] = []
-    for path in paths:
-        try:
-            runs += load_runs(path)
-        except FormatError as error:
-            print(f"stepwatch: {error}", file=sys.stderr)
-            return None
-        except OSError as error:
-            print(f"stepwatch: {path}: cannot read: {error.strerror or error}", file=sys.stderr)
-            return None
-    return runs
-
-
-def _report_ranks(paths: list[str]) -> int:
-    """The report of one run, else the all-ranks report of an all-ranks file or of one run per rank (merged
-    offline)."""
+def _load_jobs(paths: list[str]) -> list[AllRanks] | None:
+    """Each file as a job: a saved run (a job of one rank) or an all-ranks file; None after one line on stderr."""
     from ._saved import load_ranks
-    from .distributed import AllRanks
 
     jobs: list[AllRanks] = []
     for path in paths:
@@ -141,10 +126,27 @@ def _report_ranks(paths: list[str]) -> int:
             jobs.append(load_ranks(path))
         except FormatError as error:
             print(f"stepwatch: {error}", file=sys.stderr)
-            return 2
+            return None
         except OSError as error:
             print(f"stepwatch: {path}: cannot read: {error.strerror or error}", file=sys.stderr)
-            return 2
+            return None
+    return jobs
+
+
+def _load_runs(paths: list[str]) -> list[Summary] | None:
+    """The runs in saved files and all-ranks files, or None after one line on stderr."""
+    jobs = _load_jobs(paths)
+    return None if jobs is None else [run for job in jobs for run in job.runs]
+
+
+def _report_ranks(paths: list[str]) -> int:
+    """The report of one run, else the all-ranks report of an all-ranks file or of one run per rank (merged
+    offline)."""
+    from .distributed import AllRanks
+
+    jobs = _load_jobs(paths)
+    if jobs is None:
+        return 2
     runs = tuple(run for job in jobs for run in job.runs)
     if len(runs) == 1:
         sys.stdout.write(FORMATS["text"].render(runs[0]))
@@ -185,8 +187,6 @@ def _merge(paths: list[str], output: str) -> int:
 def _plot(paths: list[str], output: str) -> int:
     """``stepwatch plot``: one run (or all-ranks file) drawn, or two compared."""
     from . import _plot as plots
-    from ._saved import load_ranks
-    from .distributed import AllRanks
 
     if len(paths) > 2:
         print("stepwatch: plot takes one run, or two to compare (before and after)", file=sys.stderr)
@@ -194,16 +194,9 @@ def _plot(paths: list[str], output: str) -> int:
     if not output.lower().endswith((".png", ".svg", ".pdf")):
         print(f"stepwatch: cannot tell the picture format of {output}: use .png, .svg or .pdf", file=sys.stderr)
         return 2
-    jobs: list[AllRanks] = []
-    for path in paths:
-        try:
-            jobs.append(load_ranks(path))
-        except FormatError as error:
-            print(f"stepwatch: {error}", file=sys.stderr)
-            return 2
-        except OSError as error:
-            print(f"stepwatch: {path}: cannot read: {error.strerror or error}", file=sys.stderr)
-            return 2
+    jobs = _load_jobs(paths)
+    if jobs is None:
+        return 2
     try:
         if len(jobs) == 1:
             job = jobs[0]
@@ -246,9 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_ranks(args.file)
     if args.command == "plot":
         return _plot(args.file, args.output)
-    runs = _load_runs([args.file])
-    if runs is None:
+    jobs = _load_jobs([args.file])
+    if jobs is None:
         return 2
+    job, runs = jobs[0], jobs[0].runs
     chosen = FORMATS[args.format] if args.format else None
     if args.output:
         guessed = format_for_path(args.output)
@@ -271,13 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(runs) == 1:
         text = chosen.render(runs[0])
     elif chosen.render_ranks is not None:
-        from ._saved import load_ranks
-
-        text = chosen.render_ranks(load_ranks(args.file))
+        text = chosen.render_ranks(job)
     else:
         print(
-            f"stepwatch: {args.file} holds {len(runs)} ranks: export it as html, or one rank's own file as"
-            f" {chosen.name}",
+            f"stepwatch: {args.file} holds {len(runs)} ranks: export it as html or trace, or one rank's own file"
+            f" as {chosen.name}",
             file=sys.stderr,
         )
         return 2
