@@ -204,3 +204,33 @@ def test_the_device_lane_holds_each_stages_device_time(clock: FakeClock) -> None
     assert all(d.start_ns >= c.start_ns for d, c in zip(forward, cpu_forward, strict=True))  # never before
     names = [e["args"]["name"] for e in trace_events([run]) if e["name"] == "thread_name"]
     assert names == ["thread MainThread", f"device {device.name}"]
+
+
+def test_a_trace_of_200_steps_stays_small(tmp_path: Path) -> None:
+    """200 kept steps of a pipeline with 2 workers (4 samples a batch, each read and augmented, a collate) and
+    a step of 2 blocks: the trace stays under 1.5 MB."""
+    sw = stepwatch.Stopwatch(trace_steps=200)
+    sw.enable()
+    loader = DataLoader(Busy(), batch_size=4, num_workers=2, multiprocessing_context="fork", persistent_workers=True)
+    steps = 0
+    while steps < 260:
+        for _ in sw.watch(loader):
+            with sw.timed("forward"):
+                pass
+            with sw.timed("backward"):
+                pass
+            steps += 1
+    run = sw.summary()
+    bodies = [e for e in run.trace if e.path in ("step", "first_step") and e.lane == "thread MainThread"]
+    assert len(bodies) == 200
+    stepwatch._saved.save_summary(run, tmp_path / "run.json")
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "export", "run.json", "-o", "trace.json"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    size = (tmp_path / "trace.json").stat().st_size
+    assert 100_000 < size < 1_500_000, size
