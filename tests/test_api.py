@@ -65,7 +65,7 @@ def test_import_pulls_in_nothing_outside_the_standard_library() -> None:
 
 
 def test_render_rejects_unknown_format() -> None:
-    with pytest.raises(ValueError, match="text, tsv, csv, json"):
+    with pytest.raises(ValueError, match="text, tsv, csv, trace, json, html"):
         stepwatch.render(stepwatch.Stopwatch().summary(), "xml")
 
 

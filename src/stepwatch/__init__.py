@@ -78,7 +78,8 @@ load = load_summary
 
 
 def render(run: Summary, format: str = "text") -> str:
-    """Render a summary in one of the registered formats: ``text``, ``csv`` or ``tsv`` (per measurement), ``json``."""
+    """Render a summary in one of the registered formats: ``text``, ``csv`` or ``tsv`` (per measurement),
+    ``json`` (the saved run), ``trace`` (Chrome / Perfetto, with ``trace_steps``), ``html`` (one page)."""
     try:
         renderer = FORMATS[format]
     except KeyError:
