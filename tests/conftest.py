@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +44,24 @@ class FakeClock:
 
     def advance(self, ns: int) -> None:
         self.now += ns
+
+
+def rank_runs(clock: FakeClock, forward_ms: Sequence[int], steps: int, **options: Any) -> list[stepwatch.Summary]:
+    """One run per rank of a job, on the controlled clock: ``steps`` loop items of a 1 ms wait and a ``forward`` of
+    ``forward_ms[rank]`` ms, 2 samples each; the metadata names the rank and the world size."""
+    runs = []
+    for rank, forward in enumerate(forward_ms):
+        sw = stepwatch.Stopwatch(clock=clock, **options)
+        sw.enable()
+        for _ in sw.timed_iter(range(steps)):
+            clock.advance(1_000_000)
+            with sw.timed("forward"):
+                clock.advance(forward * 1_000_000)
+            sw.count(samples=2)
+        summary = sw.summary()
+        metadata = {**summary.metadata, "rank": rank, "world_size": len(forward_ms)}
+        runs.append(dataclasses.replace(summary, metadata=metadata))
+    return runs
 
 
 @pytest.fixture

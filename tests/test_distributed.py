@@ -17,7 +17,7 @@ from stepwatch._ranks import RanksReport, ranks_report
 from stepwatch._saved import load_ranks, save_ranks
 from stepwatch.distributed import gather_timeout, rank_info, rank_path
 
-from .conftest import PYTHON, FakeClock, subprocess_env
+from .conftest import PYTHON, FakeClock, rank_runs, subprocess_env
 
 sys.path.insert(0, str(Path(__file__).parent / "programs"))
 import ranks
@@ -316,18 +316,7 @@ def test_torchrun_stepwatch_run_reports_all_ranks_and_survives_a_rank_that_dies(
 
 def job_file(path: Path, forward_ms: list[int], clock: FakeClock) -> None:
     """An all-ranks file of one rank per entry of ``forward_ms``, on a controlled clock (2 samples a step)."""
-    runs = []
-    for rank, forward in enumerate(forward_ms):
-        sw = stepwatch.Stopwatch(clock=clock)
-        sw.enable()
-        for _ in sw.timed_iter(range(5)):
-            clock.advance(1_000_000)
-            with sw.timed("forward"):
-                clock.advance(forward * 1_000_000)
-            sw.count(samples=2)
-        summary = sw.summary()
-        runs.append(dataclasses.replace(summary, metadata={**summary.metadata, "rank": rank, "world_size": 2}))
-    save_ranks(runs, path)
+    save_ranks(rank_runs(clock, forward_ms, steps=5), path)
 
 
 def test_compare_all_ranks_files_job_and_per_rank(tmp_path: Path, clock: FakeClock) -> None:

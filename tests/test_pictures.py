@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -21,7 +20,7 @@ from stepwatch import _plot
 from stepwatch._html import render_html
 from stepwatch.distributed import AllRanks
 
-from .conftest import PYTHON, FakeClock, spin, subprocess_env
+from .conftest import PYTHON, FakeClock, rank_runs, spin, subprocess_env
 
 
 class Busy(Dataset[tuple[torch.Tensor, int]]):
@@ -54,18 +53,7 @@ def run() -> stepwatch.Summary:
 
 
 def ranks_job(clock: FakeClock) -> AllRanks:
-    runs = []
-    for rank, forward_ms in enumerate((2, 6, 2)):
-        sw = stepwatch.Stopwatch(clock=clock)
-        sw.enable()
-        for _ in sw.timed_iter(range(6)):
-            clock.advance(1_000_000)
-            with sw.timed("forward"):
-                clock.advance(forward_ms * 1_000_000)
-            sw.count(samples=2)
-        summary = sw.summary()
-        runs.append(dataclasses.replace(summary, metadata={**summary.metadata, "rank": rank, "world_size": 3}))
-    return AllRanks(tuple(runs), 3)
+    return AllRanks(tuple(rank_runs(clock, (2, 6, 2), steps=6)), 3)
 
 
 def test_the_run_figure_draws_each_phase_each_stage_and_each_worker(run: stepwatch.Summary, tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import gzip
 import json
 import subprocess
@@ -17,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 import stepwatch
 from stepwatch._chrome import trace_events
 
-from .conftest import PYTHON, FakeClock, spin, subprocess_env
+from .conftest import PYTHON, FakeClock, rank_runs, spin, subprocess_env
 
 augment = stepwatch.timed_transform(lambda x: x * 2, "augment")
 
@@ -132,16 +131,7 @@ def test_export_writes_a_chrome_trace_that_sums_to_the_summary(tmp_path: Path) -
 
 
 def test_an_all_ranks_trace_has_one_process_per_rank(clock: FakeClock) -> None:
-    runs = []
-    for rank in (0, 1):
-        sw = stepwatch.Stopwatch(clock=clock, trace_steps=10)
-        sw.enable()
-        for _ in sw.timed_iter(range(4)):
-            with sw.timed("forward"):
-                clock.advance(1_000_000 * (rank + 1))
-        summary = sw.summary()
-        runs.append(dataclasses.replace(summary, metadata={**summary.metadata, "rank": rank, "world_size": 2}))
-    events = trace_events(runs)
+    events = trace_events(rank_runs(clock, (1, 2), steps=4, trace_steps=10))
     complete = check_trace_format({"traceEvents": events})
     assert {e["pid"] for e in complete} == {0, 1}
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}

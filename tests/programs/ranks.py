@@ -6,6 +6,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from busy import busy_wait
 
 import stepwatch
 
@@ -35,14 +36,8 @@ class Busy(torch.utils.data.Dataset):
         return 48
 
     def __getitem__(self, index):
-        spin(self.busy_s)
+        busy_wait(self.busy_s)
         return torch.randn(8, generator=torch.Generator().manual_seed(index)), index % 2
-
-
-def spin(seconds):
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        pass
 
 
 def ddp_train(rank, world, init_file, out, busy_s, slow_forward_rank):
@@ -62,7 +57,7 @@ def ddp_train(rank, world, init_file, out, busy_s, slow_forward_rank):
             with sw.timed("forward"):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
                 if rank == slow_forward_rank:
-                    spin(0.006)
+                    busy_wait(0.006)
             with sw.timed("backward"):
                 loss.backward()
             with sw.timed("optimizer"):
@@ -85,7 +80,7 @@ def gather_live(rank, world, init_file, out, leaving_rank, timeout):
     sw.enable()
     for _ in sw.timed_iter(range(6)):
         with sw.timed("forward"):
-            spin(0.0005 * (rank + 1))
+            busy_wait(0.0005 * (rank + 1))
         with sw.timed(f"only{rank}"):
             pass
         sw.count(samples=2)
