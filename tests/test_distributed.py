@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -88,12 +89,14 @@ def test_a_single_process_keeps_its_file_name(tmp_path: Path) -> None:
     assert stepwatch.load(tmp_path / "run.json").metadata["rank"] is None
 
 
-def ddp_runs(tmp_path: Path, busy_s: tuple[float, ...], slow_forward_rank: int = -1) -> list[stepwatch.Summary]:
-    """A real DDP job of ``len(busy_s)`` ranks; its per-rank files, checked to hold the same figures as the
-    all-ranks file rank 0 gathered live."""
+def ddp_runs(
+    tmp_path: Path, busy_s: tuple[float, ...], slow_forward_rank: int = -1, sleeps: bool = False
+) -> list[stepwatch.Summary]:
+    """A real DDP job of ``len(busy_s)`` ranks (their datasets busy-wait, or sleep, ``busy_s[rank]`` per read);
+    its per-rank files, checked to hold the same figures as the all-ranks file rank 0 gathered live."""
     world = len(busy_s)
     out = tmp_path / "ddp.json"
-    args = (world, str(tmp_path / "init"), str(out), busy_s, slow_forward_rank)
+    args = (world, str(tmp_path / "init"), str(out), busy_s, slow_forward_rank, sleeps)
     mp.spawn(ranks.ddp_train, args=args, nprocs=world)
     per_rank = [stepwatch.load(tmp_path / f"ddp.rank{rank}.json") for rank in range(world)]
     gathered = load_ranks(out)
@@ -158,6 +161,37 @@ def test_a_rank_with_a_slow_dataset_is_the_straggler_though_backward_hides_it(tm
     trace = json.loads((tmp_path / "ddp.trace.json").read_text())["traceEvents"]
     assert {e["pid"] for e in trace if e["ph"] == "X"} == set(range(world))
     assert f"{world} of {world} ranks" in (tmp_path / "ddp.html").read_text()
+
+
+def own_step_s(tmp_path: Path, world: int) -> float:
+    """The job's time per step by the program's own clock: each rank's mean iteration after the first (the
+    first batch is a one-off), the median over ranks (DDP makes them equal)."""
+    means = []
+    for rank in range(world):
+        steps = json.loads((tmp_path / f"ddp.json.own{rank}.json").read_text())[1:]
+        means.append(sum(steps) / len(steps))
+    return statistics.median(means)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_what_the_job_loses_to_its_straggler_is_what_a_control_run_shows(tmp_path: Path, world: int) -> None:
+    """One rank reads each sample 3x slower: what stepwatch says the job loses per step is what the same job
+    with equal ranks measures by the program's own clock, within 25% (a median over ranks that includes the
+    straggler would halve it with 2 ranks). The reads sleep, so that 4 ranks on 2 cores do not slow each other
+    down through the machine rather than through the straggler."""
+    slow_dir, control_dir = tmp_path / "slow", tmp_path / "control"
+    slow_dir.mkdir()
+    control_dir.mkdir()
+    report = ranks_report(
+        ddp_runs(slow_dir, tuple(0.012 if rank == 1 else 0.004 for rank in range(world)), sleeps=True)
+    )
+    ddp_runs(control_dir, (0.004,) * world, sleeps=True)
+    lost = own_step_s(slow_dir, world) - own_step_s(control_dir, world)
+    assert report.straggler is not None and report.straggler.rank == 1
+    assert report.straggler.stage.startswith("loader")
+    assert lost > 0.024  # 4 samples x 8 ms more per batch: the control run shows it
+    assert report.straggler.excess_s == pytest.approx(lost, rel=0.25)
 
 
 @pytest.mark.slow
@@ -337,7 +371,7 @@ def test_compare_all_ranks_files_job_and_per_rank(tmp_path: Path, clock: FakeClo
     rate_before = 2 / 0.003 + 2 / 0.007
     assert f"samples/s: {rate_before:,.1f} -> {2 * 2 / 0.003:,.1f}" in result.stdout
     assert any(line.split() == ["1", "7.000", "3.000", "-57.1%"] for line in lines)  # rank 1's ms per step
-    assert "straggler before: rank 1, step/forward (+2.000 ms per step over the median)" in lines
+    assert "straggler before: rank 1, step/forward (+4.000 ms per step over the others)" in lines
     assert "straggler after: none" in lines
 
     slower = subprocess.run(

@@ -8,6 +8,7 @@ Reads summaries only (one per rank, from saved files or a gather).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import statistics
 from collections.abc import Mapping, Sequence
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
     from ._analysis import Comparison
 
 STRAGGLER = 0.15
-"""A rank is the straggler when one of its pre-synchronization stages exceeds the median over ranks by more
-than this share of the median step (loader + step) time."""
+"""A rank is the straggler when one of its pre-synchronization stages exceeds the median of the *other* ranks
+by more than this share of their median step (loader + step) time. Compared with the others, not with a median
+that includes it: with two ranks that median is the midpoint and halves what the job loses."""
 PRE_SYNC = ("loader", "step/h2d", "step/forward")
 """Stages that run before the ranks synchronize: a rank slow there holds everyone back."""
 EQUALIZED = ("step/backward", "step/optimizer")
@@ -50,6 +52,11 @@ class StageSpread:
         rank = max(self.per_rank, key=lambda r: (self.per_rank[r], -r))
         return self.per_rank[rank], rank
 
+    def excess(self, rank: int) -> float:
+        """How much longer ``rank`` spends in this stage per step than the other ranks' median."""
+        value = self.per_rank[rank]
+        return value - median_without(sorted(self.per_rank.values()), value)
+
     @property
     def ratio(self) -> float:
         median = self.median
@@ -58,6 +65,20 @@ class StageSpread:
     @property
     def equalized(self) -> bool:
         return self.path in EQUALIZED
+
+
+def median_without(ordered: Sequence[float], value: float) -> float:
+    """The median of the sorted ``ordered`` with one copy of ``value`` (one rank's own figure) left out: the
+    median of the other ranks; ``value`` itself when no other rank is there."""
+    if len(ordered) < 2:
+        return value
+    position = bisect.bisect_left(ordered, value)
+    middle, odd = divmod(len(ordered) - 1, 2)
+
+    def at(index: int) -> float:
+        return ordered[index if index < position else index + 1]
+
+    return at(middle) if odd else (at(middle - 1) + at(middle)) / 2
 
 
 @dataclass(frozen=True)
@@ -73,8 +94,8 @@ class RankFigures:
 class Straggler:
     rank: int
     stage: str
-    excess_s: float  # per step, over the median of the ranks: what the job loses to it
-    step_s: float  # the median step time it is compared with
+    excess_s: float  # per step, over the median of the other ranks: what the job loses to it
+    step_s: float  # the other ranks' median step time it is compared with
 
 
 @dataclass(frozen=True)
@@ -143,24 +164,28 @@ def ranks_report(summaries: Sequence[Summary], phase: str | None = None) -> Rank
 
 
 def _straggler(stages: Sequence[StageSpread], ranks: Sequence[RankFigures]) -> Straggler | None:
-    """The rank whose pre-synchronization stage exceeds the median by the most, if by more than the
-    threshold; worker-side stages under the loader name the part of the pipeline to blame."""
+    """The rank whose pre-synchronization stage exceeds the other ranks' median by the most, if by more than
+    the threshold of their median step; worker-side stages under the loader name the part of the pipeline to
+    blame. Every rank is compared with the others, so a straggler among two ranks is measured in full."""
     if len(ranks) < 2:
         return None
-    step = statistics.median(figures.step_s for figures in ranks)
+    steps = {figures.rank: figures.step_s for figures in ranks}
+    ordered_steps = sorted(steps.values())
     candidates = [s for s in stages if s.path in PRE_SYNC]
     worst: Straggler | None = None
     for spread in candidates:
-        value, rank = spread.high
-        excess = value - spread.median
-        if excess > STRAGGLER * step and (worst is None or excess > worst.excess_s):
-            worst = Straggler(rank, spread.path, excess, step)
+        ordered = sorted(spread.per_rank.values())
+        for rank, value in spread.per_rank.items():
+            excess = value - median_without(ordered, value)
+            step = median_without(ordered_steps, steps[rank]) if rank in steps else statistics.median(ordered_steps)
+            if excess > STRAGGLER * step and (worst is None or excess > worst.excess_s):
+                worst = Straggler(rank, spread.path, excess, step)
     if worst is not None and worst.stage == "loader":
         rank, excess = worst.rank, worst.excess_s
         inside = [s for s in stages if s.path.startswith("loader/") and s.path.count("/") == 1]
-        blame = max(inside, key=lambda s: s.per_rank.get(rank, 0.0) - s.median, default=None)
-        if blame is not None and blame.per_rank.get(rank, 0.0) - blame.median > 0.5 * excess:
-            worst = Straggler(rank, blame.path, excess, step)
+        blame = max(inside, key=lambda s: s.excess(rank) if rank in s.per_rank else 0.0, default=None)
+        if blame is not None and rank in blame.per_rank and blame.excess(rank) > 0.5 * excess:
+            worst = Straggler(rank, blame.path, excess, worst.step_s)
     return worst
 
 

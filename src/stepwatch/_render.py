@@ -322,12 +322,20 @@ def render_ranks(report: RanksReport, world_size: int | None = None) -> str:
             f"{figures.rank:>4}  {figures.steps:>5}  {_ms(figures.step_s):>7}  {figures.loader_share:>8.1%}  {per_rank}"
         )
     job = rates(report.job_throughput)
-    slowest = report.slowest
-    lines.append(
-        f"job: {job or 'no counts'} (sum over ranks); slowest rank: {slowest.rank} ({_ms(slowest.step_s)} ms per step)"
-    )
+    lines.append(f"job: {job or 'no counts'} (sum over ranks); {step_times(report)}")
     lines.append(straggler_verdict(report))
     return "\n".join(lines) + "\n"
+
+
+def step_times(report: RanksReport) -> str:
+    """The ranks' time per step: with a straggler named, their range (collectives make every rank wait for
+    it, so which rank is slowest overall is noise and would contradict the straggler line); else the slowest."""
+    if report.straggler is not None:
+        low = min(figures.step_s for figures in report.ranks)
+        high = max(figures.step_s for figures in report.ranks)
+        return f"ms per step over ranks: {_ms(low)} to {_ms(high)} (every rank waits for the straggler)"
+    slowest = report.slowest
+    return f"slowest rank: {slowest.rank} ({_ms(slowest.step_s)} ms per step)"
 
 
 def straggler_verdict(report: RanksReport) -> str:
@@ -335,12 +343,12 @@ def straggler_verdict(report: RanksReport) -> str:
     straggler = report.straggler
     if straggler is None:
         return (
-            f"no straggler: no rank's loader, h2d or forward exceeds the median over ranks by more than"
-            f" {report.threshold:.0%} of the median step"
+            f"no straggler: no rank's loader, h2d or forward exceeds the median of the other ranks by more than"
+            f" {report.threshold:.0%} of their median step"
         )
     return (
         f"straggler: rank {straggler.rank}, {straggler.stage}: {_ms(straggler.excess_s)} ms per step over the"
-        f" median of the ranks ({straggler.excess_s / straggler.step_s:.0%} of the median step); the job loses"
+        f" median of the other ranks ({straggler.excess_s / straggler.step_s:.0%} of their median step); the job loses"
         f" about that much per step waiting for it (backward and optimizer are equalized by collectives and"
         f" never blamed)"
     )
@@ -368,7 +376,7 @@ def render_ranks_comparison(comparison: RanksComparison, before_name: str = "bef
         named = (
             "none"
             if straggler is None
-            else f"rank {straggler.rank}, {straggler.stage} (+{_ms(straggler.excess_s)} ms per step over the median)"
+            else f"rank {straggler.rank}, {straggler.stage} (+{_ms(straggler.excess_s)} ms per step over the others)"
         )
         lines.append(f"straggler {label}: {named}")
     return "\n".join(lines) + "\n"

@@ -29,18 +29,25 @@ def record_and_save(rank, world, init_file, out):
 
 
 class Busy(torch.utils.data.Dataset):
-    def __init__(self, busy_s):
+    """Each read takes ``busy_s``: busy-waited (CPU work), or slept (a read that waits, taking no core: ranks
+    beyond the machine's cores then do not slow each other down)."""
+
+    def __init__(self, busy_s, sleeps=False):
         self.busy_s = busy_s
+        self.sleeps = sleeps
 
     def __len__(self):
         return 48
 
     def __getitem__(self, index):
-        busy_wait(self.busy_s)
+        if self.sleeps:
+            time.sleep(self.busy_s)
+        else:
+            busy_wait(self.busy_s)
         return torch.randn(8, generator=torch.Generator().manual_seed(index)), index % 2
 
 
-def ddp_train(rank, world, init_file, out, busy_s, slow_forward_rank):
+def ddp_train(rank, world, init_file, out, busy_s, slow_forward_rank, sleeps=False):
     """A real DistributedDataParallel loop: backward's all-reduce makes every rank wait for the slowest."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(name, None)
@@ -50,9 +57,11 @@ def ddp_train(rank, world, init_file, out, busy_s, slow_forward_rank):
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        loader = torch.utils.data.DataLoader(Busy(busy_s[rank]), batch_size=4)
+        loader = torch.utils.data.DataLoader(Busy(busy_s[rank], sleeps), batch_size=4)
         sw = stepwatch.Stopwatch(trace_steps=50)  # each rank's file keeps its timeline
         sw.enable()
+        own_steps = []  # the program's own clock: each iteration, wait for the batch included
+        started = time.perf_counter()
         for x, y in sw.watch(loader):
             with sw.timed("forward"):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -64,8 +73,13 @@ def ddp_train(rank, world, init_file, out, busy_s, slow_forward_rank):
                 optimizer.step()
                 optimizer.zero_grad()
             sw.count(samples=len(y))
+            now = time.perf_counter()
+            own_steps.append(now - started)
+            started = now
     finally:
         dist.destroy_process_group()
+    with open(f"{out}.own{rank}.json", "w") as file:
+        json.dump(own_steps, file)
     sw.save(out, ranks="all")  # after the group is gone, as scripts end: the gather still reaches rank 0
 
 
