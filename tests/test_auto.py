@@ -4,9 +4,11 @@ names, user blocks nesting, and calls keeping their behaviour. The unchanged pro
 from __future__ import annotations
 
 import inspect
+import json
 import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,8 @@ from stepwatch._patches import moves_to_device
 
 from .conftest import PYTHON, subprocess_env
 from .realtime_device import RealtimeDevice
+
+PROGRAMS = Path(__file__).parent / "programs"
 
 PATCHED = [
     (torch.utils.data.DataLoader, "__iter__"),
@@ -250,20 +254,91 @@ def test_without_dataloader_steps_end_at_optimizer_steps_and_auto_false_ends_the
     assert "each step ends at an optimizer step" in stepwatch.summary().metadata["auto"]  # kept after auto(False)
 
 
-def test_stages_timed_after_the_last_optimizer_step_make_one_last_step(auto: None) -> None:
+def test_a_final_evaluation_after_the_last_optimizer_step_is_val_and_no_step(auto: None) -> None:
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(5):
         model(torch.randn(3, 4)).sum().backward()
         optimizer.step()
+        optimizer.zero_grad()
     with torch.no_grad():
         for _ in range(4):
-            model(torch.randn(3, 4))  # a final evaluation: its forwards are counted, so is its time
+            model(torch.randn(3, 4))  # a final evaluation: the val phase, not a training step
     stepwatch.auto(False)
-    train_phase = stepwatch.summary().phases["train"]
-    assert train_phase.steps == 4
-    assert train_phase.stages["step/forward"].calls == 3 + 4 and train_phase.stages["step/optimizer"].calls == 3
-    assert train_phase.stages["step"].total >= train_phase.stages["step/forward"].total
+    phases = stepwatch.summary().phases
+    train_phase = phases["train"]
+    assert train_phase.steps == 3  # 5 optimizer steps: the first starts the loop, the second ends the one-off
+    assert train_phase.stages["step/forward"].calls == 3 and train_phase.stages["step/optimizer"].calls == 3
+    # the zero_grad after the last optimizer step, alone in the time left, is no step: not counted either
+    assert train_phase.stages["step/zero_grad"].calls == 3
+    assert "loader" not in train_phase.stages and "first_batch" not in train_phase.stages  # no DataLoader
+    assert phases["val"].steps == 4 and phases["val"].stages["step/forward"].calls == 4
+
+
+def test_forwards_of_a_model_never_trained_stay_in_the_step(auto: None) -> None:
+    """A frozen teacher (distillation) runs under no_grad in eval mode inside every step: it is part of
+    training, not an evaluation."""
+    teacher, student = nn.Linear(4, 2).eval(), nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.01)
+    for _ in range(6):
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            target = teacher(x)
+        (student(x) - target).pow(2).mean().backward()
+        optimizer.step()
+    stepwatch.auto(False)
+    phases = stepwatch.summary().phases
+    assert "val" not in phases and phases["train"].steps == 4
+    assert phases["train"].stages["step/forward"].calls == 2 * 4
+
+
+def test_an_evaluation_inside_a_dataloader_step_and_inside_a_users_block(auto: None) -> None:
+    """Evaluation forwards of the trained model inside a DataLoader loop's step are val; a user's block
+    around them closes normally, and keeps only its time outside the evaluation."""
+
+    def body(model: nn.Module, x: torch.Tensor) -> None:
+        with stepwatch.timed("evaluate"):
+            model.eval()
+            with torch.no_grad():
+                for _ in range(3):
+                    model(x)
+            model.train()
+
+    train(epochs=1, batches=4, body=body)
+    phases = stepwatch.summary().phases
+    assert phases["train"].steps == 3 and phases["train"].stages["step/forward"].calls == 3
+    assert phases["train"].stages["step/evaluate"].calls == 3
+    assert phases["val"].steps == 3 * 4 and phases["val"].stages["step/forward"].calls == 3 * 4
+    assert stepwatch.summary().metadata["dropped_blocks"] == 0
+
+
+@pytest.mark.slow
+def test_a_nanogpt_shaped_loop_reports_evaluation_as_val(tmp_path: Path) -> None:
+    """``stepwatch run`` on a loop shaped like nanoGPT's: batches sliced from a tensor, ``estimate_loss()``
+    under no_grad and eval mode every 10 iterations. Checked against the program's own clock."""
+    own_file, run_file = tmp_path / "own.json", tmp_path / "run.json"
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "run", "-o", str(run_file), str(PROGRAMS / "nanogpt_like.py"), str(own_file)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    own = json.loads(own_file.read_text())
+    summary = stepwatch.load(run_file)
+    train_phase, val_phase = summary.phases["train"], summary.phases["val"]
+    # the loop starts at the first optimizer step; the one-off first step is apart; the trailing zero_grad is no step
+    assert train_phase.steps + 1 == own["optimizer_steps"] - 1
+    assert train_phase.stages["step/forward"].calls == train_phase.steps
+    assert "loader" not in train_phase.stages
+    evaluations_seen = sum(1 for it in own["iterations"][1:] if it["evaluated"])
+    assert val_phase.steps == val_phase.stages["step/forward"].calls == evaluations_seen * own["eval_forwards"]
+    # the training step is a training iteration only: by the program's own clock, without the evaluations
+    plain = [it["s"] for it in own["iterations"][2:] if not it["evaluated"]]
+    assert train_phase.stages["step"].mean == pytest.approx(sum(plain) / len(plain), rel=0.1)
+    assert train_phase.stages["step"].std < 0.2 * train_phase.stages["step"].mean
+    assert "evaluations inside training steps" in summary.metadata["auto"]
 
 
 def test_calls_from_other_threads_are_not_stages_of_the_step(auto: None) -> None:

@@ -136,8 +136,9 @@ def test_loop_without_dataloader_has_steps_ended_by_optimizer_steps(tmp_path: Pa
     assert train.steps == 28
     for path in ("step/zero_grad", "step/backward", "step/optimizer"):
         assert train.stages[path].calls == 28
-    # the loss estimates under no_grad (at steps 10 and 20) run inside measured steps: 3 forwards each
-    assert train.stages["step/forward"].calls == 28 + 2 * 3
+    # the loss estimates under no_grad (at steps 10 and 20) run inside measured steps, 3 forwards each: val
+    assert train.stages["step/forward"].calls == 28 and "loader" not in train.stages
+    assert summary.phases["val"].steps == summary.phases["val"].stages["step/forward"].calls == 2 * 3
 
 
 def test_exit_codes_and_tracebacks_are_the_programs(tmp_path: Path) -> None:

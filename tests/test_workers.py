@@ -221,6 +221,20 @@ def test_single_process_loader_nests_under_the_wait(sw: Stopwatch) -> None:
     assert not sw.summary().main_phase.workers
 
 
+def test_after_reset_a_run_without_workers_has_no_worker_rows(sw: Stopwatch) -> None:
+    """``reset()`` forgets which stages ran in workers: the next run, with 0 workers, nests its pipeline under
+    the wait (no ``[w]``) and has its ``loader/other``."""
+    for _ in sw.watch(make_loader("fork", dataset=BusyDataset(size=8), num_workers=2)):
+        pass
+    assert sw.summary().stages["loader/dataset"].in_workers
+    sw.reset()
+    for _ in sw.watch(make_loader(None, dataset=BusyDataset(size=8), num_workers=0)):
+        pass
+    stages = sw.summary().stages
+    assert not any(stage.in_workers for stage in stages.values())
+    assert "loader/other" in stages and calls(sw, "dataset") == 8
+
+
 def test_disabled_stopwatch_leaves_the_pipeline_alone() -> None:
     sw = Stopwatch()
     loader = make_loader("fork")

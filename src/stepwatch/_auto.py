@@ -16,7 +16,7 @@ import logging
 import multiprocessing
 import sys
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from threading import get_ident
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,7 @@ class Found:
         self.zero_grad = False
         self.h2d = False
         self.driven = False
+        self.evaluations = 0  # evaluations inside training steps, reported as the val phase
         self.device: str | None = None
         self.active = True  # instrumenting; once not, a reset() of the stopwatch forgets this description
 
@@ -61,6 +62,11 @@ class Found:
             parts.append(f"DataLoader ({workers} workers)" if many == 1 else f"{many} DataLoaders ({workers} workers)")
         if self.driven:
             parts.append("no DataLoader loop: each step ends at an optimizer step (making batches is in step/other)")
+        if self.evaluations:
+            parts.append(
+                f"{self.evaluations} evaluation{'s' if self.evaluations != 1 else ''} inside training steps"
+                " (no_grad or eval mode): the val phase, a step per forward"
+            )
         if not parts:
             parts.append("no DataLoader loop and no optimizer step: no steps")
         if self.forward:
@@ -104,19 +110,38 @@ class DrivenLoop:
         self._session = session
         self._steps = iterate(session.sw, itertools.repeat(None), "loader", "step", DEFAULT_PHASE, driven=True)
         next(self._steps)
-        self._blocks_at_step = session.blocks
+        self._trained_at_step = session.training_blocks
+        self._zero_grads_at_step = session.zero_grads
 
     def tick(self) -> None:
         next(self._steps)
-        self._blocks_at_step = self._session.blocks
+        self._trained_at_step = self._session.training_blocks
+        self._zero_grads_at_step = self._session.zero_grads
 
     def close(self) -> None:
-        """Ends the steps. The time since the last optimizer step is a step of its own if stages were timed in
-        it (a final evaluation: its blocks are already counted under ``step``, so the step must be too), else
-        it is not a step and is dropped."""
-        if self._session.blocks != self._blocks_at_step:
+        """Ends the steps. The time since the last optimizer step is a step of its own if it did training work
+        (a forward, loss or backward: its blocks are already counted under ``step``, so the step must be too);
+        else it is not a step (the trailing ``zero_grad`` after the last optimizer step, an evaluation, which
+        is the val phase) and is dropped, with the ``zero_grad`` calls it timed."""
+        session = self._session
+        if session.training_blocks != self._trained_at_step:
             self.tick()
+        else:
+            untimed = session.zero_grads - self._zero_grads_at_step
+            if untimed:
+                forget_last(session.sw, ("step", "zero_grad"), untimed)
         self._steps.close()
+
+
+def forget_last(sw: Stopwatch, path: tuple[str, ...], count: int) -> None:
+    """Takes back the last ``count`` measurements of the train phase's stage at ``path`` (still buffered: a
+    step that turned out not to be one)."""
+    phase = sw._phases.get(DEFAULT_PHASE)
+    node = phase.root if phase is not None else None
+    for name in path:
+        node = node.children.get(name) if node is not None else None
+    if node is not None:
+        del node.buf[max(len(node.buf) - count, 0) :]
 
 
 class AutoSession:
@@ -135,6 +160,11 @@ class AutoSession:
         self.blocks = 0  # auto blocks opened so far
         self.open_blocks: list[Block] = []  # optimizer blocks opened by the pre-step hook
         self.backward_calls = 0
+        self.training_blocks = 0  # forward, loss and backward blocks of training (not evaluation) so far
+        self.zero_grads = 0  # zero_grad blocks so far
+        self.trained: weakref.WeakSet[Any] = weakref.WeakSet()  # models whose forward ran for training
+        self.evaluation: Generator[Any, None, None] | None = None  # the val loop of an evaluation in a step
+        self.evaluation_thread: int | None = None
         self.driven: DrivenLoop | None = None
         self.sites: dict[tuple[Any, ...], str] = {}  # where a loop runs -> "train" or "val", learned
         self.last_model: weakref.ref[Any] | None = None
@@ -153,6 +183,7 @@ class AutoSession:
         _patches.install(self.patches, torch, self.accelerator)
 
     def uninstall(self) -> None:
+        self.end_evaluation()
         if self.driven is not None:
             self.driven.close()
             self.driven = None
@@ -168,22 +199,75 @@ class AutoSession:
     # -- what the wrappers ask -------------------------------------------------------------------------------
 
     def module_stage(self, module: Any) -> str:
-        """The stage of an outermost module call: ``loss`` for a loss module, else ``forward``."""
+        """The stage of an outermost module call: ``loss`` for a loss module, else ``forward``. A forward of
+        the model being trained made under ``no_grad``/``inference_mode`` or in eval mode, inside a training
+        step, is an evaluation: a step of the val phase, taken out of the training step."""
         torch = self.torch
         name = type(module).__name__
         inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)  # compiled, DDP, DP
         if inner is not None and torch is not None and isinstance(inner, torch.nn.Module):
             name = f"{name}({type(inner).__name__})"
+        grad = torch is None or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
         if torch is not None and isinstance(module, torch.nn.modules.loss._Loss):
             self.found.loss.setdefault(name, None)
+            if grad and self.evaluation is None:
+                self.training_blocks += 1
             return "loss"
         if name not in self.found.forward:
             self.found.forward[name] = None
         self.last_model = weakref.ref(module)
+        if grad and getattr(module, "training", True):
+            self.end_evaluation()
+            self.training_blocks += 1
+            with contextlib.suppress(TypeError):
+                self.trained.add(module)
+        elif self._trained(module):
+            self._evaluation_step()
         return "forward"
+
+    def _trained(self, module: Any) -> bool:
+        try:
+            return module in self.trained
+        except TypeError:
+            return False
+
+    def _evaluation_step(self) -> None:
+        """An evaluation forward inside a training step: the next step of the val loop that takes the
+        evaluation out of the step (its first forward starts that loop)."""
+        if self.evaluation is not None:
+            next(self.evaluation)
+            return
+        if self.sw._local.__dict__.get("phase", DEFAULT_PHASE) != DEFAULT_PHASE:
+            return  # already in another phase: a validation DataLoader loop of its own
+        from ._loops import iterate
+
+        self.evaluation = iterate(self.sw, itertools.repeat(None), "loader", "step", self.val_phase, driven=True)
+        self.evaluation_thread = get_ident()
+        self.found.evaluations += 1
+        next(self.evaluation)
+        self.sw._end_segment = self.end_evaluation
+
+    def end_evaluation(self) -> bool:
+        """Ends the evaluation under way on this thread, if any: its last forward's step is counted (training
+        resumed, or an enclosing block is closing). Returns whether one was ended."""
+        evaluation = self.evaluation
+        if evaluation is None or self.evaluation_thread != get_ident():
+            return False
+        self.evaluation = self.evaluation_thread = None
+        self.sw._end_segment = None
+        with contextlib.suppress(StopIteration):
+            next(evaluation)
+        evaluation.close()
+        return True
+
+    def training_call(self) -> None:
+        """Backward, an optimizer step or zero_grad on the loop's thread: training resumed."""
+        if self.evaluation is not None:
+            self.end_evaluation()
 
     def optimizer_stepped(self) -> None:
         """After an optimizer step outside any DataLoader loop, the step ends (the first starts the loop)."""
+        self.training_call()
         if self.driven is not None:
             if self.driven.thread == get_ident() and self.loop_depth == 1:
                 self.driven.tick()
@@ -195,6 +279,7 @@ class AutoSession:
             self.driven = DrivenLoop(self)
 
     def _end_driven(self) -> None:
+        self.end_evaluation()
         if self.driven is not None:
             self.driven.close()
             self.driven = None
@@ -206,6 +291,7 @@ class AutoSession:
         """What ``for batch in loader`` iterates while auto-instrumenting: the watched loop."""
         site = _site(sys._getframe(2))
         here = get_ident()
+        self.end_evaluation()  # a DataLoader loop starting is no longer an evaluation made of bare forwards
         nested = self.loop_thread == here and self.driven is None  # inside a DataLoader loop's step
         kind = self._guess(site, nested)
         if kind == "train" and self.driven is not None and self.driven.thread == here:
@@ -244,7 +330,10 @@ class AutoSession:
                     if size:
                         count(samples=size)
                 yield batch
+                if self.evaluation is not None:  # an evaluation at the step's end ends before the next batch
+                    self.end_evaluation()
         finally:
+            self.end_evaluation()
             close = getattr(steps, "close", None)
             if close is not None:
                 close()

@@ -202,7 +202,7 @@ def iterate(
                 if every and index:
                     tick(sw, every)  # between two steps: in neither, nor in the loop's time
                     now = clock()
-            if sw._measuring:
+            if sw._measuring and not driven:  # a driven loop has no batch to wait for: no loader row
                 first = index == 0 and own_phase  # a one-off: workers starting, caches filling
                 wait_frame = (LOOP, first_node if first else wait_node, now)
                 stack.append(wait_frame)
@@ -219,7 +219,18 @@ def iterate(
             if outer and index >= warmup:
                 phase.schedule_pos += 1
             index += 1
-            if wait_frame is not None:
+            if driven and sw._measuring:
+                if sw._local is not local:
+                    local, stack = sw._local, sw._thread_stack()
+                first = index == 1 and outer  # an evaluation's first forward (a loop in a step) is no one-off
+                if first and loop_phase is not None:
+                    loop_phase.in_first_step = True
+                body_frame = (LOOP, first_body_node if first else body_node, ready)
+                if device is not None:
+                    start, allocated, reserved = device.begin(body, stack[-1])
+                    body_frame = [*body_frame, start, allocated, reserved]
+                stack.append(body_frame)
+            elif wait_frame is not None:
                 frame, wait_frame = wait_frame, None
                 if sw._local is not local:
                     local, stack = sw._local, sw._thread_stack()

@@ -74,6 +74,8 @@ def wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         current.backward_calls += 1
         if not _timing(current):
             return original(*args, **kwargs)
+        current.training_call()
+        current.training_blocks += 1
         current.found.backward = True
         return _timed("backward", original, *args, **kwargs)
 
@@ -86,7 +88,10 @@ def wrap_zero_grad(original: Callable[..., Any]) -> Callable[..., Any]:
         current = session
         if not _timing(current):
             return original(*args, **kwargs)
-        current.found.zero_grad = True  # type: ignore[union-attr]
+        assert current is not None
+        current.training_call()
+        current.found.zero_grad = True
+        current.zero_grads += 1
         return _timed("zero_grad", original, *args, **kwargs)
 
     return zero_grad
@@ -141,6 +146,7 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     if not _timing(current):
         return
     assert current is not None
+    current.training_call()
     current.found.optimizers.setdefault(type(optimizer).__name__, None)
     block = current.sw.timed("optimizer")
     block.__enter__()

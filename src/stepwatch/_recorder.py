@@ -116,6 +116,7 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
         self._gathers = 0
         self._stop_gathering: Callable[[], None] | None = None
         self._describe_auto: Callable[[], str] | None = None  # what auto-instrumentation found, for the report
+        self._end_segment: Callable[[], bool] | None = None  # ends auto's open evaluation loop, if on this thread
         self._phases: dict[str, Phase] = {}
         self._phase_of_root: dict[Node, str] = {}
         self._stacks: dict[int, list[Frame]] = {}  # thread id -> its stack
@@ -256,6 +257,7 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
         self._devices_before = []
         self._dropped_blocks = 0
         self._in_window = True
+        self._worker_nodes.clear()  # the nodes' "ran in workers" marks are cleared: found again from reports
         if self._trace is not None:
             self._trace.clear()
         self._update_flags()

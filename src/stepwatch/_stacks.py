@@ -35,6 +35,7 @@ class ThreadStacks:
     _measuring: bool | int
     _hot: bool
     _dropped_blocks: int
+    _end_segment: Any  # Callable[[], bool] | None: ends auto-instrumentation's open evaluation loop
 
     def _phase(self, name: str) -> Phase:
         raise NotImplementedError
@@ -101,7 +102,12 @@ class ThreadStacks:
         """A block's frame is not on top of its stack on the way out: if it is further down, the frames above
         it were opened while it was open but outlive it (asyncio tasks interleaving on one thread). Their
         nesting is wrong, so the block's measurement and theirs are dropped and counted in the summary; the
-        hierarchy of what follows stays intact."""
+        hierarchy of what follows stays intact. An evaluation loop that auto-instrumentation opened inside the
+        block is ended first, and the block then closes as usual."""
+        end_segment = self._end_segment
+        if end_segment is not None and end_segment() and stack[-1][0] is owner:
+            owner.__exit__(None, None, None)
+            return
         with self._lock:
             for position in range(len(stack) - 1, 0, -1):
                 if stack[position][0] is owner:

@@ -75,6 +75,7 @@ class Node:
         self.stats.clear()
         self.device_stats.clear()
         self.peak_allocated = self.peak_reserved = -1
+        self.in_workers = False  # set again by the next worker report; a run without workers has none
         for child in self.children.values():
             child.clear()
 
