@@ -4,7 +4,7 @@
 
 Asserts: device times of a known matmul are positive and plausible; no synchronize happens in the hot path in
 async mode; stage device times add up to within 5% of the step's; an input-starved loop shows a high GPU idle
-share and a GPU-bound loop a low one; the peak memory of a stage that allocates a known tensor is at least
+share and a GPU-bound loop a low one, and stays compute-bound with a ``loss.item()`` at each step's end; the peak memory of a stage that allocates a known tensor is at least
 that tensor's size; an unchanged loop under ``stepwatch.auto()`` gets ``h2d`` and device times. Prints one line
 per check and writes the figures as JSON.
 """
@@ -46,7 +46,9 @@ def reference_matmul_ms(torch: Any, a: Any, b: Any, repeats: int = 20) -> float:
     return float(start.elapsed_time(end)) / repeats
 
 
-def run_loop(torch: Any, device: CountingDevice, steps: int, load_s: float, size: int, matmuls: int) -> Any:
+def run_loop(
+    torch: Any, device: CountingDevice, steps: int, load_s: float, size: int, matmuls: int, item: bool = False
+) -> Any:
     sw = stepwatch.Stopwatch(device=device, warmup=3)
     sw.enable()
     x = torch.randn(size, size, device="cuda")
@@ -65,6 +67,8 @@ def run_loop(torch: Any, device: CountingDevice, steps: int, load_s: float, size
         with sw.timed("backward"):
             for _ in range(matmuls):
                 y = torch.tanh(y @ x)
+        if item:
+            y.sum().item()  # the user's own loss.item(): a synchronize at each step's end
         sw.count(samples=size)
     before_summary = device.synchronize_calls
     summary = sw.summary()
@@ -146,6 +150,18 @@ def main() -> int:
     figures["idle_share"] = {"gpu_bound": idle_bound, "input_starved": idle_starved}
     checks.append(("GPU-bound loop: low idle share (< 10%)", idle_bound < 0.10, f"{idle_bound:.1%}"))
     checks.append(("input-starved loop: high idle share (> 50%)", idle_starved > 0.50, f"{idle_starved:.1%}"))
+
+    # 4b. the GPU-bound loop with a synchronize at each step's end (loss.item()): still compute-bound
+    _, synced, _ = run_loop(torch, CountingDevice("cuda"), steps=40, load_s=0.0, size=2048, matmuls=8, item=True)
+    synced_verdict = synced.verdict
+    figures["synchronized_each_step"] = {"verdict": synced_verdict.label, **synced_verdict.figures}
+    checks.append(
+        (
+            "GPU-bound loop with loss.item() each step: compute-bound, not host-bound",
+            synced_verdict.kind == "compute-bound",
+            synced_verdict.headline,
+        )
+    )
 
     # 5. peak memory of a stage that allocates a known tensor
     sw = stepwatch.Stopwatch(device=CountingDevice("cuda"), memory="stage")

@@ -243,7 +243,9 @@ def test_a_failing_device_does_not_cost_the_cpu_figures(clock: FakeClock, tmp_pa
 # -- host-bound detection on a stream that runs in real time -------------------------------------------------
 
 
-def realtime_loop(python_s: float, kernel_s: float, steps: int = 25) -> stepwatch.Summary:
+def realtime_loop(python_s: float, kernel_s: float, steps: int = 25, item: bool = False) -> stepwatch.Summary:
+    """A loop on the real-time stream; ``item``: the user's ``loss.item()`` at each step's end, which waits for
+    the stream (and so empties its queue there)."""
     from .realtime_device import RealtimeDevice
 
     device = RealtimeDevice()
@@ -257,9 +259,22 @@ def realtime_loop(python_s: float, kernel_s: float, steps: int = 25) -> stepwatc
                 device.launch(kernel_s)
             with sw.timed("backward"):
                 device.launch(kernel_s)
+            if item:
+                device.synchronize()
         return sw.summary()
     finally:
         device.close()
+
+
+def test_a_loop_that_synchronizes_every_step_with_a_busy_device_is_compute_bound() -> None:
+    """22 ms of device work a step and ``loss.item()`` at its end: the queue is empty at every step's end by
+    construction, yet the device was busy, behind the host, at the stages before: compute-bound."""
+    summary = realtime_loop(python_s=0.0, kernel_s=0.0073, steps=20, item=True)
+    verdict = summary.verdict
+    assert verdict.kind == "compute-bound", verdict.headline
+    assert verdict.figures["device_idle_share"] < 0.10
+    assert verdict.figures["caught_up_share"] < 0.5
+    assert "GPU was busy" in verdict.headline
 
 
 def test_a_loop_of_python_between_tiny_kernels_is_host_bound_on_a_realtime_stream() -> None:

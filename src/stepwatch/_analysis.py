@@ -9,9 +9,11 @@ Rules, in order (the thresholds are TensorFlow's Input Pipeline Analyzer's):
 - **input-bound** when the share of time spent waiting for data is above ``HIGHLY`` (20%: "highly") or
   ``MODERATELY`` (5%: "moderately"). On a GPU that share is the device's idle time between steps; on the CPU
   it is the ``loader`` wait's share of the loop.
-- **host-bound** (GPU only) when the device is rarely idle between steps, yet at the end of at least
-  ``HOST_BOUND`` (50%) of the steps it had already finished all the work issued: it waits on the CPU issuing
-  work.
+- **host-bound** (GPU only) when the device is rarely idle between steps, yet in at least ``HOST_BOUND`` (50%)
+  of the steps it had already finished all the work issued at every stage boundary of the step and at its end:
+  it sat waiting on the CPU issuing work all step long. A loop that synchronizes at each step's end
+  (``loss.item()``) empties the device's queue there by construction; its device was behind at the stages
+  before, busy, so it is compute-bound, not host-bound.
 - **compute-bound** when the device is busy (GPU), or on the CPU when the step's computation fills at least
   ``COMPUTE`` (50%) of the loop: the step body, less its stages named as other work (copies to the device,
   logging, checkpoints). Stage names never make a step compute; they can only take work out of it.
@@ -104,9 +106,9 @@ def analyze(summary: Summary) -> Verdict:
 
     if on_device and phase.device.caught_up_share >= HOST_BOUND:
         headline = (
-            f"host-bound: at the end of {phase.device.caught_up_share:.0%} of the steps the GPU had already"
-            f" finished all the work issued, so it waits on the CPU issuing work"
-            f" (GPU idle between steps: {phase.device.idle_share:.1%})"
+            f"host-bound: in {phase.device.caught_up_share:.0%} of the steps the GPU had already finished all the"
+            f" work issued at every stage boundary and at the step's end, so it waits on the CPU issuing work"
+            f" (threshold: {HOST_BOUND:.0%} of the steps; GPU idle between steps: {phase.device.idle_share:.1%})"
         )
         advice.append(
             "cut the CPU's per-step cost of issuing work: a larger batch, torch.compile or CUDA graphs; look for"

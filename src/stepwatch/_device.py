@@ -23,9 +23,11 @@ MAX_PENDING = 4096
 MAX_OUT_OF_MEMORY = 32
 CAUGHT_UP_SLACK_NS = 100_000
 CAUGHT_UP_SHARE = 0.10
-"""A step's end event that ran within 100 us, or a tenth of the step's CPU time, of being recorded found the
-device with (next to) nothing queued: it had caught up and waited on the host. A device that is the limit has a
-backlog of at least a step's worth of work when the step ends."""
+"""An event that ran within 100 us, or a tenth of the step's CPU time, of being recorded found the device with
+(next to) nothing queued. A step counts as caught up (the device waited on the host) only when that holds at its
+end *and at every stage boundary inside it*: a loop that synchronizes at each step's end (``loss.item()``)
+empties the queue there by construction, while its device was behind, busy, at the stages before. A device
+that is the limit has a backlog of work at its stage boundaries."""
 
 
 @runtime_checkable
@@ -201,6 +203,9 @@ class DeviceTimer:
         self.error: str | None = None
         self.trace: Any = None
         """The stopwatch's timeline of recent steps, when kept: resolved stages go on its device lane."""
+        self._stage_lag_ns = 0
+        """The longest a stage's end event waited on the device, since the last step resolved: how far behind
+        the host the device was at the step's stage boundaries."""
 
     # -- stage boundaries ----------------------------------------------------------------------------
 
@@ -252,7 +257,7 @@ class DeviceTimer:
             backend.range_pop()
         # when the CPU issued the step's end, and the step's CPU time: compared, once resolved, with when the
         # device ran it
-        issued = (self.clock(), frame[2]) if loop is not None else None
+        issued = (self.clock(), frame[2]) if loop is not None else self.clock()
         self._pending.append((node, frame[3], stop, loop, issued))
         if len(self._pending) >= self.max_pending:
             self.drain()
@@ -329,20 +334,25 @@ class DeviceTimer:
         if self.trace is not None and self._anchor is not None:  # when the device ran it, on the CPU's clock
             ran = self._anchor[1] + self.backend.elapsed_ns(self._anchor[0], start)
             self.trace.events += (node, ran, ran + elapsed, ("device", self.backend.name))
+        anchor = self._anchor
         if loop is None:
+            if issued is not None and anchor is not None:  # how far behind the device was at this boundary
+                lag = anchor[1] + self.backend.elapsed_ns(anchor[0], stop) - issued
+                if lag > self._stage_lag_ns:
+                    self._stage_lag_ns = lag
             pool.append(start)
             pool.append(stop)
             return
         phase = loop.phase
         phase.device_busy_ns += elapsed
         phase.device_steps += 1
-        anchor = self._anchor
         if issued is not None and anchor is not None:
             issued_ns, step_started_ns = issued
             ran_ns = anchor[1] + self.backend.elapsed_ns(anchor[0], stop)  # when the device ran the step's end
             slack = max(CAUGHT_UP_SLACK_NS, int((issued_ns - step_started_ns) * CAUGHT_UP_SHARE))
-            if ran_ns - issued_ns <= slack:  # (next to) nothing was queued: the device waited on the host
+            if ran_ns - issued_ns <= slack and self._stage_lag_ns <= slack:  # nothing queued, all step long
                 phase.device_caught_up += 1
+        self._stage_lag_ns = 0
         if loop.previous_end is not None:
             phase.device_idle_ns += max(self.backend.elapsed_ns(loop.previous_end, start), 0)
             pool.append(loop.previous_end)
