@@ -4,9 +4,9 @@
 
 Asserts: device times of a known matmul are positive and plausible; no synchronize happens in the hot path in
 async mode; stage device times add up to within 5% of the step's; an input-starved loop shows a high GPU idle
-share and a GPU-bound loop a low one, and stays compute-bound with a ``loss.item()`` at each step's end; the peak memory of a stage that allocates a known tensor is at least
-that tensor's size; an unchanged loop under ``stepwatch.auto()`` gets ``h2d`` and device times. Prints one line
-per check and writes the figures as JSON.
+share and a GPU-bound loop a low one, and stays compute-bound with a ``loss.item()`` at each step's end; the
+peak memory of a stage that allocates a known tensor is at least that tensor's size; an unchanged loop under
+``stepwatch.auto()`` gets ``h2d`` and device times. Prints one line per check and writes the figures as JSON.
 """
 
 from __future__ import annotations
