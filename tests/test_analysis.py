@@ -67,19 +67,28 @@ def test_input_bound_on_cpu(clock: FakeClock) -> None:
 
 def test_worker_advice_respects_the_cores(clock: FakeClock) -> None:
     sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
-    (advice, *_) = analyze(on_cores(sw.summary(), 2, gpu=True)).advice
+    (advice, *_) = analyze(with_loader(on_cores(sw.summary(), 2, gpu=True), num_workers=0)).advice
     assert advice.startswith("use DataLoader(num_workers=1) (now 0), the most this 2-core machine can spare")
     assert "hiding the wait fully would take 5" in advice  # one recommendation, and why it is not 5
 
 
 def test_on_the_cpu_workers_compete_with_torch_threads(clock: FakeClock) -> None:
     sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
-    summary = with_loader(on_cores(sw.summary(), 2), torch_threads=2)
+    summary = with_loader(on_cores(sw.summary(), 2), torch_threads=2, num_workers=0)
     (advice, *_) = analyze(summary).advice
     assert advice.startswith("try num_workers=1 (now 0) with torch.set_num_threads(1): on the CPU, workers share")
     assert "keep it only if `stepwatch compare` shows a shorter time per step" in advice
     (advice, *_) = analyze(with_loader(summary, torch_threads=1)).advice
     assert advice.startswith("try num_workers=1 (now 0): on the CPU, workers share the 2 cores with torch's 1")
+
+
+def test_without_the_loaders_configuration_no_number_is_stated_as_now(clock: FakeClock) -> None:
+    """A timed_iter over a loader of loaders: its configuration is unknown, so the advice says what to use
+    and never what is set now."""
+    sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
+    advice = analyze(on_cores(sw.summary(), 2, gpu=True)).advice
+    assert advice[0].startswith("use DataLoader(num_workers=1), the most this 2-core machine can spare")
+    assert not any("(now" in line for line in advice)
 
 
 def test_moderately_input_bound(clock: FakeClock) -> None:

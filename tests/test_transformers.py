@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import stepwatch
+from stepwatch._workers import TimedCollate
 from stepwatch.integrations.transformers import attach
 
 from .conftest import PYTHON, subprocess_env
@@ -88,6 +89,31 @@ def test_training_gets_the_breakdown_and_the_logs_carry_it(tmp_path: Path) -> No
     assert "get_batch_samples" not in vars(trainer) and "log" not in vars(trainer)
     assert "backward" not in vars(trainer.accelerator)
     assert not any(type(cb).__name__ == "StepwatchCallback" for cb in trainer.callback_handler.callbacks)
+
+
+def test_with_workers_the_pipeline_comes_back_from_inside_them_and_the_advice_reads_the_loader(
+    tmp_path: Path,
+) -> None:
+    """``dataloader_num_workers=2``: Accelerate wraps the DataLoader; the configuration is read through the
+    wrapper and the workers' dataset and collate rows come back."""
+    busy_s = 0.002
+    trainer = hf_train.make_trainer(tmp_path / "out", busy_s=busy_s, num_workers=2)
+    attachment = attach(trainer)
+    trainer.train()
+    attachment.detach()
+    summary = attachment.summary
+    assert summary is not None
+    train = summary.phases["train"]
+    assert summary.metadata["loaders"]["train"]["num_workers"] == 2
+    dataset = train.stages["loader/dataset"]
+    assert dataset.in_workers and train.stages["loader/collate"].in_workers
+    assert dataset.mean >= busy_s  # each read busy-waits 2 ms in a worker (a lower bound: preemption)
+    assert sorted(train.workers) == [0, 1] and all(w.cpu_share > 0.5 for w in train.workers.values())
+    assert summary.metadata["loaders"]["val"]["num_workers"] == 2
+    assert not any("(now 0)" in advice for advice in summary.verdict.advice), summary.verdict.advice
+    loader = attachment.loader_of["train"]  # the torch DataLoader inside Accelerate's wrapper, put back
+    assert type(loader).__name__ == "DataLoader" and not isinstance(loader.collate_fn, TimedCollate)
+    assert "_get_iterator" not in vars(loader) and not attachment.loaders
 
 
 def test_a_trainer_without_the_expected_methods_is_refused_by_name(tmp_path: Path) -> None:

@@ -28,14 +28,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._advice import BODY, MODERATELY, WAIT, common_advice, input_advice
 from ._summary import PhaseSummary, StageStats, Summary
 
 HIGHLY = 0.20
-MODERATELY = 0.05
 HOST_BOUND = 0.50
 COMPUTE = 0.50
-WAIT, BODY, FIRST = "loader", "step", "first_batch"
-_COPY_NAMES = re.compile(r"h2d|to_device|copy|transfer|to_gpu|to_cuda", re.IGNORECASE)
 _NOT_COMPUTE_NAMES = re.compile(
     r"h2d|to_device|copy|transfer|to_gpu|to_cuda|log|checkpoint|save|metric|print|callback", re.IGNORECASE
 )
@@ -101,8 +99,8 @@ def analyze(summary: Summary) -> Verdict:
         else:
             why = f"the loop waited for data {input_share:.1%} of the time"
         headline = f"{degree} input-bound: {why} (thresholds: highly > {HIGHLY:.0%}, moderately > {MODERATELY:.0%})"
-        advice.extend(_input_advice(phase, figures, cores, on_device, config, gpu))
-        return Verdict("input-bound", degree, headline, tuple(advice + _common_advice(phase, config)), figures)
+        advice.extend(input_advice(phase, figures, cores, on_device, config, gpu))
+        return Verdict("input-bound", degree, headline, tuple(advice + common_advice(phase, config)), figures)
 
     if on_device and phase.device.caught_up_share >= HOST_BOUND:
         headline = (
@@ -114,7 +112,7 @@ def analyze(summary: Summary) -> Verdict:
             "cut the CPU's per-step cost of issuing work: a larger batch, torch.compile or CUDA graphs; look for"
             " Python work between kernels in the slowest stages"
         )
-        return Verdict("host-bound", None, headline, tuple(advice + _common_advice(phase, config)), figures)
+        return Verdict("host-bound", None, headline, tuple(advice + common_advice(phase, config)), figures)
 
     if on_device:
         headline = (
@@ -125,7 +123,7 @@ def analyze(summary: Summary) -> Verdict:
             "the device is the limit: mixed precision, torch.compile or a more efficient model; the data"
             " pipeline keeps up"
         )
-        return Verdict("compute-bound", None, headline, tuple(advice + _common_advice(phase, config)), figures)
+        return Verdict("compute-bound", None, headline, tuple(advice + common_advice(phase, config)), figures)
 
     if compute >= COMPUTE:
         headline = (
@@ -136,13 +134,13 @@ def analyze(summary: Summary) -> Verdict:
             "the model's own compute is the limit: optimize it (torch.compile, a smaller or quantized model) or"
             " use an accelerator; the data pipeline keeps up"
         )
-        return Verdict("compute-bound", None, headline, tuple(advice + _common_advice(phase, config)), figures)
+        return Verdict("compute-bound", None, headline, tuple(advice + common_advice(phase, config)), figures)
 
     largest = _largest_part(phase)
     headline = f"balanced: no single cause dominates (data wait {input_share:.1%}, computation {compute:.1%})"
     if largest is not None:
         headline += f"; the largest part is {largest.path} at {phase.share(largest.path):.1%}"
-    return Verdict("balanced", None, headline, tuple(advice + _common_advice(phase, config)), figures)
+    return Verdict("balanced", None, headline, tuple(advice + common_advice(phase, config)), figures)
 
 
 def _compute_share(phase: PhaseSummary) -> float:
@@ -160,121 +158,6 @@ def _compute_share(phase: PhaseSummary) -> float:
 def _largest_part(phase: PhaseSummary) -> StageStats | None:
     parts = [s for s in phase.stages.values() if s.path == WAIT or (s.depth == 1 and s.path.startswith(f"{BODY}/"))]
     return max(parts, key=lambda s: s.total_ns, default=None)
-
-
-def _input_advice(
-    phase: PhaseSummary, figures: dict[str, float], cores: int, on_device: bool, config: Mapping[str, Any], gpu: bool
-) -> list[str]:
-    advice: list[str] = []
-    step = phase.stages[BODY]
-    step_s = step.mean
-    if on_device and step.device is not None:
-        step_s = max(step_s, step.device.mean)  # the loop can take a batch this often
-    workers = phase.workers
-    configured = config.get("num_workers")
-    worker_stages = [s for s in phase.stages.values() if s.in_workers and s.depth >= 1 and s.name != "other"]
-    needed: int | None = None
-    current = configured if isinstance(configured, int) else len(workers)
-    if workers:
-        batches = sum(w.batches for w in workers.values())
-        busy_per_batch = sum(w.busy_ns for w in workers.values()) / batches / 1e9 if batches else math.nan
-        utilization = sum(w.busy_ns for w in workers.values()) / max(sum(w.wall_ns for w in workers.values()), 1)
-        figures["worker_busy_per_batch_s"] = busy_per_batch
-        figures["worker_utilization"] = utilization
-        rate = f"each batch takes a worker {busy_per_batch * 1e3:.1f} ms, the step {step_s * 1e3:.1f} ms"
-        if step_s > 0 and not math.isnan(busy_per_batch):
-            needed = math.ceil(busy_per_batch / step_s)
-            figures["workers_needed"] = needed
-        if utilization < 0.7:  # the workers are not the limit: more of them would not help
-            advice.append(
-                f"the {current} workers are busy only {utilization:.0%} of their time while the loop waits:"
-                + ("" if _at_least(config.get("prefetch_factor"), 4) else " raise prefetch_factor, and")
-                + " look for cost outside the workers (the main process receiving large batches, pin_memory)"
-            )
-            needed = None
-    elif WAIT in phase.stages and step_s > 0:
-        wait_s = phase.stages[WAIT].mean
-        # with workers but no per-worker figures (timed_iter over the loader), they give a batch per wait+step
-        needed = math.ceil(current * (wait_s + step_s) / step_s) if current else max(1, math.ceil(wait_s / step_s))
-        rate = f"the wait is {wait_s * 1e3:.1f} ms per batch, the step {step_s * 1e3:.1f} ms"
-    if needed is not None:
-        figures.setdefault("workers_needed", needed)
-        text = _workers_advice(needed, current, cores, config.get("torch_threads"), not gpu and not on_device, rate)
-        if text:
-            advice.append(text)
-    slowest = max(worker_stages or _main_pipeline_stages(phase), key=lambda s: s.total_ns, default=None)
-    if slowest is not None:
-        where = "in the workers" if slowest.in_workers else "in the loader"
-        advice.append(
-            f"the slowest part of the pipeline is {slowest.path} ({slowest.mean * 1e3:.2f} ms per call,"
-            f" {slowest.calls:,} calls {where}): make it cheaper"
-            + (", or move it to the GPU, after the batch is on the device" if on_device else "")
-        )
-    return advice
-
-
-def _at_least(value: Any, limit: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= limit
-
-
-def _workers_advice(needed: int, current: int, cores: int, threads: Any, cpu_only: bool, rate: str) -> str | None:
-    """One recommendation about the number of workers, with its reason; never fewer than configured."""
-    if needed <= current:
-        return None
-    spare = max(cores - 1, 0) if cores else None  # one core stays with the training process
-    if spare is not None and spare <= current:
-        return (
-            f"the pipeline would need {needed} workers to keep up ({rate}), and this {cores}-core machine has no"
-            f" core to spare beyond the {current} it runs: make the pipeline cheaper"
-        )
-    target = needed if spare is None else min(needed, spare)
-    if cpu_only:
-        plural = "" if threads == 1 else "s"
-        computing = f"torch's {threads} compute thread{plural}" if isinstance(threads, int) else "torch's threads"
-        text = f"try num_workers={target} (now {current})"
-        if isinstance(threads, int) and cores and threads + target > cores:
-            text += f" with torch.set_num_threads({max(cores - target, 1)})"
-        return (
-            f"{text}: on the CPU, workers share the {cores or 'available'} cores with {computing}, so keep it only"
-            f" if `stepwatch compare` shows a shorter time per step ({rate}; {needed} workers would hide the wait)"
-        )
-    if target == needed:
-        return f"use DataLoader(num_workers={target}) (now {current}): {rate}"
-    return (
-        f"use DataLoader(num_workers={target}) (now {current}), the most this {cores}-core machine can spare beside"
-        f" the training process; hiding the wait fully would take {needed} ({rate}), so also make the pipeline"
-        " cheaper"
-    )
-
-
-def _main_pipeline_stages(phase: PhaseSummary) -> list[StageStats]:
-    return [s for s in phase.stages.values() if s.path.startswith(f"{WAIT}/") and s.name != "other"]
-
-
-def _common_advice(phase: PhaseSummary, config: Mapping[str, Any]) -> list[str]:
-    advice = []
-    first, wait = phase.stages.get(FIRST), phase.stages.get(WAIT)
-    persistent = config.get("persistent_workers") is True
-    slow_start = first is not None and wait is not None and first.mean > max(5 * wait.mean, 0.05)
-    if first is not None and wait is not None and slow_start and phase.workers and not persistent:
-        advice.append(
-            f"each epoch's first batch waits {first.mean * 1e3:.0f} ms (workers starting), against"
-            f" {wait.mean * 1e3:.1f} ms for the others: persistent_workers=True keeps the workers between epochs"
-        )
-    for stage in phase.stages.values():
-        if stage.depth == 1 and stage.path.startswith(f"{BODY}/") and _COPY_NAMES.search(stage.name):
-            share = phase.share(stage.path)
-            if share >= MODERATELY:
-                pinned = config.get("pin_memory") is True
-                advice.append(
-                    f"host-to-device copies ({stage.path}) take {share:.1%} of the loop: "
-                    + (
-                        ".to(device, non_blocking=True) (pin_memory is already on)"
-                        if pinned
-                        else "pin_memory=True in the DataLoader and .to(device, non_blocking=True)"
-                    )
-                )
-    return advice
 
 
 # -- comparing runs -------------------------------------------------------------------------------------

@@ -245,13 +245,21 @@ class DeviceLoad:
 class WorkerStats:
     """One DataLoader worker (by worker id, across restarts): batches it produced, time it spent producing
     them (``busy_ns``: from starting a batch's first sample to the collated batch), its wall time from start
-    to its last batch, and the total time its batches waited, ready, before the main process took them."""
+    to its last batch, the total time its batches waited, ready, before the main process took them, and the CPU
+    time it spent on them (``cpu_ns``, its process's CPU clock; -1 when not measured)."""
 
     worker_id: int
     batches: int
     busy_ns: int
     wall_ns: int
     wait_ns: int
+    cpu_ns: int = -1
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU time over busy time: near 1 for a worker that computes (decoding, augmenting), low for one that
+        mostly waits (I/O, a remote read, ``sleep``), which more cores would not speed up. NaN if unknown."""
+        return min(self.cpu_ns / self.busy_ns, 1.0) if self.cpu_ns >= 0 and self.busy_ns else math.nan
 
     @property
     def utilization(self) -> float:
@@ -274,14 +282,18 @@ class WorkerStats:
             self.busy_ns + other.busy_ns,
             self.wall_ns + other.wall_ns,
             self.wait_ns + other.wait_ns,
+            self.cpu_ns + other.cpu_ns if self.cpu_ns >= 0 and other.cpu_ns >= 0 else -1,
         )
 
     def to_dict(self) -> dict[str, int]:
-        return {"batches": self.batches, "busy_ns": self.busy_ns, "wall_ns": self.wall_ns, "wait_ns": self.wait_ns}
+        figures = {"batches": self.batches, "busy_ns": self.busy_ns, "wall_ns": self.wall_ns, "wait_ns": self.wait_ns}
+        if self.cpu_ns >= 0:
+            figures["cpu_ns"] = self.cpu_ns
+        return figures
 
     @classmethod
     def from_dict(cls, worker_id: int, data: Mapping[str, Any]) -> WorkerStats:
-        values = [data["batches"], data["busy_ns"], data["wall_ns"], data["wait_ns"]]
+        values = [data["batches"], data["busy_ns"], data["wall_ns"], data["wait_ns"], data.get("cpu_ns", -1)]
         if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
             raise TypeError("worker figures must be integers")
         return cls(worker_id, *values)

@@ -32,11 +32,42 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+_WRAPPED_LOADER = ("base_dataloader", "dataloader", "_dataloader", "loader", "_loader")
+"""Attributes where wrappers keep the DataLoader they wrap (Accelerate's ``DataLoaderShard`` and
+``DataLoaderDispatcher`` keep ``base_dataloader``)."""
+
+
+def inner_loader(candidate: Any) -> Any | None:
+    """The torch DataLoader that ``candidate`` is or wraps: itself, the loader a wrapper keeps (Accelerate's
+    adapters, which forward every attribute to it), or the only DataLoader a loader of loaders holds
+    (Lightning's ``CombinedLoader`` with one loader); None when there is none, or several."""
+    for _ in range(4):
+        if candidate is None:
+            return None
+        torch = sys.modules.get("torch")
+        real = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
+        if real is not None and isinstance(real, type) and real in type(candidate).__mro__:
+            return candidate
+        own = getattr(candidate, "__dict__", {})
+        inner = next((own[name] for name in _WRAPPED_LOADER if own.get(name) is not None), None)
+        if inner is None:
+            found = find_loaders(candidate)
+            if len(found) != 1:
+                return candidate if real is None and _is_loader(candidate) else None
+            inner = found[0]
+        if inner is candidate:
+            return candidate
+        candidate = inner
+    return None
+
+
 def loader_config(loader: Any) -> dict[str, Any] | None:
-    """What the advice depends on, read off a DataLoader (None for anything else): workers, batch size,
+    """What the advice depends on, read off a DataLoader, or the one inside a wrapper or a loader of loaders
+    (None when there is none, or several: then the advice states no configured number): workers, batch size,
     prefetching, persistence, pinning, the dataset's kind, the start method, torch's compute threads and the
     machine's cores."""
-    if not all(hasattr(loader, name) for name in ("num_workers", "collate_fn", "dataset")):
+    loader = inner_loader(loader)
+    if loader is None or not all(hasattr(loader, name) for name in ("num_workers", "collate_fn", "dataset")):
         return None
     import multiprocessing
 

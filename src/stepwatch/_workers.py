@@ -16,7 +16,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ._stats import Partial
 
@@ -27,13 +27,15 @@ T = TypeVar("T")
 
 
 WorkerReport = (
-    tuple[int, int, int, int, int, dict[str, Partial]]
-    | tuple[int, int, int, int, int, dict[str, Partial], list[tuple[str, int, int]]]
+    tuple[int, int, int, int, int, dict[str, Partial], int]
+    | tuple[int, int, int, int, int, dict[str, Partial], int, list[tuple[str, int, int]]]
 )
-"""(worker id, pid, started, busy ns, ready ns, the batch's measurements[, its timeline events when traced])"""
+"""(worker id, pid, started, busy ns, ready ns, the batch's measurements, CPU ns[, its timeline events])"""
 """What one batch brings back from its worker, as a plain tuple (it pickles fastest): (worker id, pid, when the
-worker started, how long it worked on the batch, when the batch was ready, in ns on CLOCK_MONOTONIC; and its
-stage statistics since its previous batch, ``{path: Partial}``, folded in the worker)."""
+worker started, how long it worked on the batch, when the batch was ready, in ns on CLOCK_MONOTONIC; its
+stage statistics since its previous batch, ``{path: Partial}``, folded in the worker; and the CPU time the
+worker process spent on the batch, by its own CPU clock: against the busy time, it tells a worker that computes
+from one that waits on I/O)."""
 
 
 class Carrier:
@@ -63,6 +65,12 @@ class _WorkerState:
         self.pid = 0
         self.started_ns = 0
         self.fetch_started_ns: int | None = None
+        self.fetch_cpu_ns = 0  # the worker process's CPU clock when its batch started
+
+    def fetch_started(self) -> None:
+        """The worker started on a batch: its wall and CPU clocks now."""
+        self.fetch_started_ns = time.perf_counter_ns()
+        self.fetch_cpu_ns = time.process_time_ns()
 
     def start(self, worker_id: int) -> None:
         self.active = True
@@ -124,14 +132,17 @@ class TimedCollate:
             with _lending_default(stopwatch), stopwatch.timed("collate"):
                 return self.collate_fn(samples)
         stopwatch = _default_stopwatch()
-        collate_started = time.perf_counter_ns()
-        start = _state.fetch_started_ns if _state.fetch_started_ns is not None else collate_started
+        if _state.fetch_started_ns is None:
+            _state.fetch_started()
+        start, cpu_start = _state.fetch_started_ns, _state.fetch_cpu_ns
         with stopwatch.timed("collate"):
             batch = self.collate_fn(samples)
         ready = time.perf_counter_ns()
-        busy = ready - start
+        cpu = time.process_time_ns() - cpu_start
+        busy = ready - cast(int, start)
         _state.fetch_started_ns = None
-        report: WorkerReport = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, stopwatch._take())
+        taken = stopwatch._take()
+        report: WorkerReport = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, taken, cpu)
         if stopwatch._trace is not None:  # the timeline is kept: the batch's events ride along
             report = (*report, stopwatch._trace.take_worker_events())
         return Carrier(batch, report)
@@ -160,7 +171,7 @@ class TimedGetItems:
             stopwatch = _default_stopwatch()
             if _state.fetch_started_ns is not None:  # the previous batch failed before its collate: its
                 stopwatch._take()  # measurements never reached the loop, so they must not ride on this batch
-            _state.fetch_started_ns = time.perf_counter_ns()
+            _state.fetch_started()
             return self._fetch(stopwatch, indices)
         stopwatch = self._stopwatch or _default_stopwatch()
         with _lending_default(stopwatch):
@@ -244,7 +255,7 @@ class _TimedIterable:
 
     def __next__(self) -> Any:
         if _state.fetch_started_ns is None:
-            _state.fetch_started_ns = time.perf_counter_ns()
+            _state.fetch_started()
         with self.block:
             return next(self.iterator)
 

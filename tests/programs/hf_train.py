@@ -21,7 +21,7 @@ class Synthetic(Dataset):
         return {"input_ids": ids, "attention_mask": torch.ones(16, dtype=torch.long), "labels": int(ids[0] % 2)}
 
 
-def make_trainer(output_dir, busy_s=0.0, max_steps=12, callbacks=None):
+def make_trainer(output_dir, busy_s=0.0, max_steps=12, callbacks=None, num_workers=0):
     set_seed(0)
     config = BertConfig(
         vocab_size=100,
@@ -46,7 +46,7 @@ def make_trainer(output_dir, busy_s=0.0, max_steps=12, callbacks=None):
         save_strategy="no",
         use_cpu=True,
         seed=0,
-        dataloader_num_workers=0,
+        dataloader_num_workers=num_workers,
         disable_tqdm=True,
     )
     BUSY_NS[0] = 0

@@ -6,6 +6,9 @@ optimizer between the ``on_pre_optimizer_step`` and ``on_optimizer_step`` callba
 saves. ``attach`` wraps those methods of this trainer instance (never the class) and adds a callback:
 
 - ``get_batch_samples`` is the ``loader`` wait of a loop advanced in two beats; one step is one optimizer step;
+- the DataLoaders ``get_train_dataloader`` and ``get_eval_dataloader`` return are instrumented through
+  Accelerate's wrapper (its ``base_dataloader``), so what their workers do comes back (``loader/dataset``,
+  ``loader/collate``, per-worker figures) and the advice reads their real configuration;
 - ``_prepare_inputs`` is ``h2d``, ``compute_loss`` is ``forward`` (with the loss), ``accelerator.backward`` is
   ``backward``, per micro-batch; the optimizer step is ``optimizer``;
 - ``log``, ``evaluate`` and ``_save_checkpoint`` are the ``log``, ``eval`` and ``save`` rows, where HF users
@@ -33,6 +36,7 @@ from .._auto import batch_size
 from .._driven import Beats
 from .._summary import Summary
 from .._tree import DEFAULT_PHASE
+from .._watch import inner_loader, instrument_always, loader_config, uninstrument
 from ..distributed import end_report, is_rank_zero
 
 _WRAPPED = ("get_batch_samples", "training_step", "_prepare_inputs", "compute_loss", "log", "evaluate")
@@ -53,6 +57,8 @@ class Attachment:
         self.originals: dict[str, Any] = {}
         self.backward_before: Any = None  # the accelerator's own backward attribute, if it had one
         self.callback: Any = None
+        self.loaders: list[Any] = []  # the torch DataLoaders instrumented, to undo
+        self.loader_of: dict[str, Any] = {}  # phase -> its DataLoader
 
     # -- the wrappers -------------------------------------------------------------------------------------
 
@@ -65,7 +71,7 @@ class Attachment:
         def get_batch_samples(*args: Any, **kwargs: Any) -> Any:
             if self.train is None:
                 self.start()
-                self.train = Beats(_default, DEFAULT_PHASE)
+                self.train = Beats(_default, DEFAULT_PHASE, self.loader_of.get(DEFAULT_PHASE))
             self.train.wait()
             try:
                 result = original(*args, **kwargs)
@@ -77,6 +83,31 @@ class Attachment:
             return result
 
         return get_batch_samples
+
+    def dataloader(self, phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """``get_train_dataloader`` / ``get_eval_dataloader``: the torch DataLoader inside what they return is
+        instrumented (its workers' timings come back) and its configuration recorded for ``phase``."""
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def get_dataloader(*args: Any, **kwargs: Any) -> Any:
+                loader = original(*args, **kwargs)
+                inner = inner_loader(loader)
+                if inner is None:
+                    return loader
+                if phase == DEFAULT_PHASE:
+                    self.start()
+                self.loader_of[phase] = inner
+                config = loader_config(inner)
+                if config is not None:
+                    _default._loader_configs[phase] = config
+                if _default.is_enabled() and not any(inner is known for known in self.loaders):
+                    instrument_always(inner, _default)
+                    self.loaders.append(inner)
+                return loader
+
+            return get_dataloader
+
+        return make
 
     def timed(self, stage: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -105,7 +136,7 @@ class Attachment:
     def evaluate(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def evaluate(*args: Any, **kwargs: Any) -> Any:
             with _default.timed("eval"):
-                self.val = Beats(_default, self.val_phase)
+                self.val = Beats(_default, self.val_phase, self.loader_of.get(self.val_phase))
                 self.val.wait()
                 try:
                     return original(*args, **kwargs)
@@ -158,12 +189,20 @@ class Attachment:
         self.out = out
         if is_rank_zero():
             sys.stderr.write(end_report(_default.report(), written, gathered, out))
+        self.take_off_loaders()
         if self.enabled_here:
             _default.disable()
             self.enabled_here = False
 
+    def take_off_loaders(self) -> None:
+        for loader in self.loaders:
+            uninstrument(loader)
+        self.loaders.clear()
+
     def detach(self) -> None:
-        """Puts the trainer's own methods, its accelerator's backward and its callbacks back as they were."""
+        """Puts the trainer's own methods, its accelerator's backward, its callbacks and its DataLoaders back
+        as they were."""
+        self.take_off_loaders()
         for name, own in self.originals.items():
             if own is None:
                 self.trainer.__dict__.pop(name, None)
@@ -211,6 +250,9 @@ def attach(trainer: Any, out: str | os.PathLike[str] | None = None, *, val_phase
         )
     attachment = Attachment(trainer, None if out is None else os.fspath(out), val_phase)
     attachment.wrap("get_batch_samples", attachment.get_batch_samples)
+    for name, phase in (("get_train_dataloader", DEFAULT_PHASE), ("get_eval_dataloader", val_phase)):
+        if callable(getattr(trainer, name, None)):
+            attachment.wrap(name, attachment.dataloader(phase))
     attachment.wrap("_prepare_inputs", attachment.timed("h2d"))
     attachment.wrap("compute_loss", attachment.timed("forward"))
     attachment.wrap("log", attachment.log)
