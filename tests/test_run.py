@@ -4,6 +4,7 @@ and by ``STEPWATCH=auto python``, in real subprocesses, against the same program
 from __future__ import annotations
 
 import os
+import json
 import re
 import signal
 import subprocess
@@ -306,3 +307,32 @@ def test_stepwatch_auto_in_a_process_that_records_nothing_writes_nothing(tmp_pat
     result = run(["-c", "import torch; print(torch.ones(2).sum().item())"], tmp_path, STEPWATCH="auto")
     assert result.returncode == 0 and result.stdout == "2.0\n" and result.stderr == ""
     assert os.listdir(tmp_path) == []
+
+
+def test_a_mingpt_shaped_trainer_with_waiting_workers_is_advised_more_workers(tmp_path: Path) -> None:
+    """``next(iter(loader))`` over one endless epoch, 2 workers whose reads sleep (a remote read): each
+    worker's CPU share is measured low, so the advice is more workers than cores (not "no core to spare"), and
+    persistent_workers is not advised (the workers start once). 4 workers then shorten the iteration, by the
+    program's own clock."""
+    program = str(PROGRAMS / "mingpt_like.py")
+    result = stepwatch_run([program, str(tmp_path / "own2.json"), "2"], tmp_path, tmp_path / "two.json")
+    assert result.returncode == 0, result.stderr
+    summary = stepwatch.load(tmp_path / "two.json")
+    train = summary.phases["train"]
+    own = json.loads((tmp_path / "own2.json").read_text())
+    assert train.steps == len(own["iterations"]) - 1 and summary.stages["first_batch"].calls == 1
+    assert sorted(train.workers) == [0, 1]
+    assert all(worker.cpu_share < 0.5 for worker in train.workers.values())  # they sleep
+    assert train.stages["loader/dataset"].mean >= own["read_s"]
+    verdict = summary.verdict
+    assert verdict.kind == "input-bound" and verdict.figures["worker_cpu_share"] < 0.5
+    advised = verdict.figures["workers_needed"]
+    assert advised > 2 and any(f"use DataLoader(num_workers={advised}) (now 2)" in a for a in verdict.advice)
+    assert not any("no core to spare" in a or "persistent_workers" in a for a in verdict.advice), verdict.advice
+    assert "1 workers" not in result.stderr and "% of it on the CPU" in result.stderr
+
+    four = run([program, str(tmp_path / "own4.json"), "4"], tmp_path)
+    assert four.returncode == 0, four.stderr
+    faster = json.loads((tmp_path / "own4.json").read_text())["iterations"][5:]
+    slower = own["iterations"][5:]
+    assert sum(faster) / len(faster) < 0.75 * sum(slower) / len(slower)
