@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,6 +20,8 @@ import stepwatch
 from stepwatch import _plot
 from stepwatch._html import render_html
 from stepwatch.distributed import AllRanks
+from stepwatch.distributed import _decode as decode
+from stepwatch.distributed import _encode as encode
 
 from .conftest import PYTHON, FakeClock, rank_runs, spin, subprocess_env
 
@@ -69,7 +72,12 @@ def test_the_run_figure_draws_each_phase_each_stage_and_each_worker(run: stepwat
         assert height == pytest.approx(phase.measured / phase.steps * 1e3, rel=1e-6)  # each bar is its phase's step
     train = run.phases["train"]
     assert len(middle.lines) == 2 and len(middle.lines[0].get_xdata()) == min(train.steps, 1024)
-    assert len(right.patches) == len(train.workers) == 2
+    assert len(right.patches) == 2 * len(train.workers) == 4  # busy, and the part of it on the CPU
+    busy, on_cpu = right.patches[:2], right.patches[2:]
+    for worker, whole, part in zip(train.workers.values(), busy, on_cpu, strict=True):
+        assert whole.get_height() == pytest.approx(worker.utilization * 100)
+        assert part.get_height() == pytest.approx(worker.utilization * worker.cpu_share * 100)
+        assert part.get_height() <= whole.get_height()
     _plot.save(figure, str(tmp_path / "run.png"))
     import matplotlib.image
 
@@ -170,6 +178,59 @@ def test_the_html_report_carries_the_summarys_numbers_and_needs_nothing_from_out
     assert not {"script", "link", "img", "iframe"} & set(parser.tags)  # nothing to fetch, nothing to run
     assert not re.search(r"url\(\s*['\"]?(?!#)", page) and "@import" not in page  # only the SVG's own #ids
     assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:|//)", page)
+
+
+def test_the_html_report_says_what_the_text_report_says(run: stepwatch.Summary) -> None:
+    """Worker-side rows keep their [w] marker (and the page says what their share is of), and the ``auto:``
+    line of what auto-instrumentation found is there, as the text report's first line."""
+    found = "auto: DataLoader (2 workers), forward: Net, backward"
+    page = render_html(dataclasses.replace(run, metadata={**run.metadata, "auto": found}), "run.json")
+    parser = Tables()
+    parser.feed(page)
+    text = stepwatch.render(run)
+    for table, rows in parser.tables:
+        if table.get("class") != "stages":
+            continue
+        for attrs, cells in rows:
+            if attrs.get("data-path"):
+                stage = run.phases[table["data-phase"]].stages[attrs["data-path"]]
+                assert cells[0].strip().endswith("[w]") == stage.in_workers, attrs["data-path"]
+    assert "dataset [w]" in text and "share of the workers' busy time" in page
+    assert escape(found) in page
+
+
+def test_every_rank_is_on_the_time_panel_and_stages_keep_their_colours(
+    run: stepwatch.Summary, clock: FakeClock
+) -> None:
+    """A gathered all-ranks file keeps no window for ranks other than 0: each still gets its line (its mean).
+    A stage is drawn in the same colour whatever else the run recorded."""
+    job = ranks_job(clock)
+    without_windows = [job.runs[0]] + [decode(encode(r, False)) for r in job.runs[1:]]  # as the gather sends them
+    figure = _plot.run_figure(AllRanks(tuple(without_windows), 3))
+    middle = figure.axes[1]
+    assert [line.get_label() for line in middle.lines] == [
+        "rank 0",
+        "rank 1 (mean: no window kept)",
+        "rank 2 (mean: no window kept)",
+    ]
+    rank_2 = without_windows[2].main_phase
+    assert middle.lines[2].get_ydata()[0] == pytest.approx(rank_2.measured / rank_2.steps * 1e3) == 3.0
+    _plot.pyplot().close(figure)
+
+    def colours(summary: stepwatch.Summary) -> dict[str, str]:
+        figure = _plot.run_figure(summary)
+        left = figure.axes[0]
+        handles, labels = left.get_legend_handles_labels()
+        found = {label: handle.patches[0].get_facecolor() for handle, label in zip(handles, labels, strict=True)}
+        _plot.pyplot().close(figure)
+        return {name: matplotlib.colors.to_hex(colour) for name, colour in found.items()}
+
+    import matplotlib.colors
+
+    first, second = colours(run), colours(job.runs[1])
+    assert first["step/forward"] == second["step/forward"] == _plot.STAGE_COLORS["step/forward"].lower()
+    assert first["loader"] == second["loader"]
+    assert len(set(first.values())) == len(first)  # the stages of one picture stay apart
 
 
 def test_the_all_ranks_html_report(clock: FakeClock) -> None:

@@ -3,8 +3,8 @@ and by ``STEPWATCH=auto python``, in real subprocesses, against the same program
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import re
 import signal
 import subprocess

@@ -19,7 +19,8 @@ STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
        color: #222; padding: 0 1em; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
-.meta { color: #666; } .verdict { border-left: 4px solid #C44E52; padding: 0.4em 1em; background: #fbf3f3; }
+.meta, .note { color: #666; } .auto { font-family: ui-monospace, monospace; }
+.verdict { border-left: 4px solid #C44E52; padding: 0.4em 1em; background: #fbf3f3; }
 .verdict.ok { border-color: #55A868; background: #f3faf5; }
 table { border-collapse: collapse; margin: 0.6em 0; } th, td { padding: 0.2em 0.7em; text-align: right; }
 th { border-bottom: 1px solid #999; font-weight: 600; } td:first-child, th:first-child { text-align: left; }
@@ -42,6 +43,9 @@ def render_html(run: Summary | AllRanks, title: str = "run", plots: bool = True)
         f"<h1>stepwatch · {escape(title)}</h1>",
         f'<p class="meta">{escape(_meta(summary))}</p>',
     ]
+    found = summary.metadata.get("auto")
+    if isinstance(found, str) and found:  # what auto-instrumentation found, as the text report's first line
+        parts.append(f'<p class="auto">{escape(found)}</p>')
     if job is not None and len(job.runs) > 1:
         parts.append(_ranks(job))
         parts.append(f"<h2>rank {escape(str(summary.metadata.get('rank', 0)))}</h2>")
@@ -81,9 +85,10 @@ def _phase(phase: PhaseSummary) -> str:
     for path, stage in phase.stages.items():
         one_off = path.split("/", 1)[0] in ONE_OFF
         share = phase.share(path)
+        marker = " [w]" if stage.in_workers else ""
         rows.append(
             f'<tr class="{"oneoff" if one_off else "stage"}" data-path="{escape(path)}">'
-            f"<td>{'&nbsp;&nbsp;' * path.count('/')}{escape(path.rsplit('/', 1)[-1])}</td>"
+            f"<td>{'&nbsp;&nbsp;' * path.count('/')}{escape(path.rsplit('/', 1)[-1] + marker)}</td>"
             f"<td>{stage.calls}</td><td>{stage.total:.4f}</td><td>{_cell(stage.mean)}</td>"
             f"<td>{_cell(stage.std)}</td><td>{_cell(stage.p50)}</td><td>{_cell(stage.p90)}</td>"
             f"<td>{_cell(stage.p99)}</td><td>{_cell(share, 100, 1)}</td></tr>"
@@ -96,7 +101,13 @@ def _phase(phase: PhaseSummary) -> str:
     )
     heading = f"{phase.name} · {phase.steps} steps · {phase.measured:.3f} s measured"
     heading += f" · {throughput}" if throughput else ""
-    return f"<h2>{escape(heading)}</h2>{table}{_workers(phase)}"
+    note = (
+        '<p class="note">[w] rows ran inside DataLoader workers, beside the main process: their % time is a share'
+        " of the workers' busy time, not of the loop.</p>"
+        if any(stage.in_workers for stage in phase.stages.values())
+        else ""
+    )
+    return f"<h2>{escape(heading)}</h2>{table}{note}{_workers(phase)}"
 
 
 def _workers(phase: PhaseSummary) -> str:

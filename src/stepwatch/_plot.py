@@ -5,6 +5,8 @@ imported when a picture is drawn, never with stepwatch."""
 from __future__ import annotations
 
 import io
+import math
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +17,28 @@ if TYPE_CHECKING:
 
 MS = 1e3
 COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974")
+STAGE_COLORS = {
+    "loader": "#4C72B0",
+    "step/h2d": "#64B5CD",
+    "step/forward": "#DD8452",
+    "step/loss": "#CCB974",
+    "step/backward": "#55A868",
+    "step/optimizer": "#C44E52",
+    "step/zero_grad": "#8172B3",
+    "step/other": "#8C8C8C",
+    "step": "#937860",
+}
+"""The colour of each common stage, the same in every picture of every run."""
+_OTHER_COLORS = ("#DA8BC3", "#2F4B7C", "#A05195", "#F95D6A", "#665191", "#D45087", "#FFA600", "#3B8B7E")
+
+
+def stage_color(path: str) -> str:
+    """A stage's colour: fixed for the common stages, else chosen by its name (a stable hash), so a stage is
+    drawn in the same colour in every picture, whatever else the run recorded."""
+    known = STAGE_COLORS.get(path)
+    if known is not None:
+        return known
+    return _OTHER_COLORS[zlib.crc32(path.encode()) % len(_OTHER_COLORS)]
 
 
 def pyplot() -> Any:
@@ -142,9 +166,9 @@ def _stacked(axes: Any, bars: dict[str, dict[str, float]]) -> None:
     labels = list(bars)
     parts = list(dict.fromkeys(part for figures in bars.values() for part in figures))
     bottoms = [0.0] * len(labels)
-    for index, part in enumerate(parts):
+    for part in parts:
         heights = [bars[label].get(part, 0.0) * MS for label in labels]
-        axes.bar(labels, heights, bottom=bottoms, label=part, color=COLORS[index % len(COLORS)], width=0.6)
+        axes.bar(labels, heights, bottom=bottoms, label=part, color=stage_color(part), width=0.6)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     axes.set_ylabel("ms per step")
     if parts:  # below the bars, which it would otherwise hide
@@ -155,14 +179,19 @@ def _stacked(axes: Any, bars: dict[str, dict[str, float]]) -> None:
 
 
 def _over_time(axes: Any, runs: Sequence[Summary]) -> None:
-    """The loop's wait + step for the most recent steps each rank kept (the stages' windows)."""
+    """The loop's wait + step for the most recent steps each rank kept (the stages' windows); a rank whose run
+    came without its window (the gather sends none) is drawn at its mean time per step, dashed, so that every
+    rank is on the panel."""
     axes.set_title("time per step over the recent steps")
     drawn = False
+    windowless: list[tuple[int, Summary]] = []
     for index, run in enumerate(runs):
         phase = run.main_phase
         wait = phase.stages.get("loader")
         body = phase.stages.get("step")
         if body is None or not body.recent_ns:
+            if phase.steps and len(runs) > 1:
+                windowless.append((index, run))
             continue
         count = (
             min(len(body.recent_ns), len(wait.recent_ns))
@@ -173,15 +202,28 @@ def _over_time(axes: Any, runs: Sequence[Summary]) -> None:
         steps = [(w + s) / 1e6 for w, s in zip(waits, body.recent_ns[-count:], strict=True)]
         first = phase.steps - count + 1
         label = f"rank {_rank(run, index)}" if len(runs) > 1 else "wait + step"
-        axes.plot(range(first, first + count), steps, linewidth=1, label=label, color=COLORS[index % len(COLORS)])
+        color = COLORS[index % len(COLORS)] if len(runs) > 1 else "#333333"
+        axes.plot(range(first, first + count), steps, linewidth=1, label=label, color=color)
         if len(runs) == 1 and wait is not None and wait.recent_ns:
             axes.plot(
                 range(first, first + count),
                 [w / 1e6 for w in waits],
                 linewidth=1,
                 label="wait for data",
-                color=COLORS[1],
+                color=stage_color("loader"),
             )
+        drawn = True
+    for index, run in windowless:
+        phase = run.main_phase
+        last = max(phase.steps, 1)
+        axes.plot(
+            [max(last - 50, 1), last],
+            [phase.measured / phase.steps * MS] * 2,
+            linewidth=1,
+            linestyle="--",
+            label=f"rank {_rank(run, index)} (mean: no window kept)",
+            color=COLORS[index % len(COLORS)],
+        )
         drawn = True
     axes.set_xlabel("step")
     axes.set_ylabel("ms")
@@ -201,9 +243,12 @@ def _workers(axes: Any, phase: PhaseSummary) -> None:
         axes.set_yticks([])
         return
     ids = list(phase.workers)
-    axes.bar(
-        [f"worker {i}" for i in ids], [phase.workers[i].utilization * 100 for i in ids], color=COLORS[2], width=0.6
-    )
+    names = [f"worker {i}" for i in ids]
+    axes.bar(names, [phase.workers[i].utilization * 100 for i in ids], color=COLORS[2], width=0.6, label="busy")
+    on_cpu = [phase.workers[i].utilization * phase.workers[i].cpu_share * 100 for i in ids]
+    if not any(math.isnan(value) for value in on_cpu):  # how much of the busy time computed (the rest waited)
+        axes.bar(names, on_cpu, color="#2E6B3A", width=0.3, label="of which on the CPU")
+        axes.legend(fontsize="small", loc="upper right")
     axes.set_ylim(0, 100)
     axes.set_ylabel("% busy")
     axes.grid(axis="y", alpha=0.3)
