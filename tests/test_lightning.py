@@ -151,3 +151,25 @@ def test_on_two_ddp_ranks_rank_0_gathers_and_reports_all_ranks(tmp_path: Path) -
     for run, alone in zip(gathered.runs, own, strict=True):
         assert {p: s.total_ns for p, s in run.stages.items()} == {p: s.total_ns for p, s in alone.stages.items()}
         assert run.main_phase.steps == alone.main_phase.steps > 0
+
+
+@pytest.mark.parametrize("kind", ["test", "predict"])
+def test_test_and_predict_are_phases_of_their_own(tmp_path: Path, kind: str) -> None:
+    """``trainer.test`` and ``trainer.predict`` are mapped as validation is: each its own phase, its fetches
+    the ``loader`` wait, its ``test_step`` / ``predict_step`` the ``forward``, its workers' pipeline brought
+    back; the results are the trainer's own."""
+    _, plain = lightning_train.evaluate(kind, workers=2, busy_s=0.0005)
+    profiler = StepwatchProfiler(out=tmp_path / f"{kind}.json")
+    _, result = lightning_train.evaluate(kind, profiler, workers=2, busy_s=0.0005)
+    if kind == "predict":
+        assert all(torch.equal(a, b) for a, b in zip(result, plain, strict=True))
+    else:
+        assert result == plain
+    summary = profiler.summary()
+    assert list(summary.phases) == [kind]
+    phase = summary.phases[kind]
+    assert phase.steps == 5  # 6 batches, the first apart
+    assert phase.stages["loader"].calls == phase.stages["step/forward"].calls == 5
+    assert phase.stages["loader/dataset"].in_workers and phase.stages["loader/dataset"].mean >= 0.0005
+    assert summary.metadata["loaders"][kind]["num_workers"] == 2
+    assert stepwatch.load(tmp_path / f"{kind}.json").phases[kind].steps == 5

@@ -56,6 +56,24 @@ def test_reset_inside_a_loop_records_the_rest_normally(clock: FakeClock, how: st
     assert sw.summary().verdict.kind == "input-bound"
 
 
+def test_disable_then_enable_inside_a_running_loop_leaves_no_top_level_row(clock: FakeClock) -> None:
+    """Switched off at step 10 and on again at step 20, each time before its forward: steps 10 to 20 are not
+    recorded (step 20 began while off), and nothing lands at the phase's top level."""
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    for k in sw.timed_iter(data(clock, 30)):
+        if k == 10:
+            sw.disable()
+        if k == 20:
+            sw.enable()
+        with sw.timed("forward"):
+            clock.advance(1 * MS)
+    stages = sw.summary().main_phase.stages
+    assert "forward" not in stages  # no phantom top-level row
+    assert stages["step/forward"].calls == stages["step"].calls == sw.summary().main_phase.steps == 9 + 9
+    assert stages["first_step/forward"].calls == 1
+
+
 def test_load_state_dict_inside_a_loop_carries_on_from_the_checkpoint(clock: FakeClock) -> None:
     before = Stopwatch(clock=clock)
     before.enable()

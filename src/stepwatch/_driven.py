@@ -11,7 +11,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from ._loops import iterate
-from ._tree import Phase, collect
+from ._tree import DEFAULT_PHASE, Phase, collect
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -33,6 +33,18 @@ def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
         if old in sw._looped_phases:
             sw._looped_phases = {new if name == old else name: None for name in sw._looped_phases}
         return True
+
+
+def set_base_phase(sw: Stopwatch, name: str) -> str:
+    """Files what this thread times outside any loop under phase ``name`` (a framework running only an
+    evaluation: its hooks before and after the loop belong to that phase, not to ``train``); returns the
+    previous base phase, to set it back. Loops started on the thread stay outermost."""
+    stack = sw._thread_stack()
+    with sw._lock:
+        previous = sw._phase_of_root.get(stack[0][1], DEFAULT_PHASE)
+        stack[0] = (None, sw._phase(name).root, 0)
+        sw._local.phase = name
+    return previous
 
 
 def is_empty(phase: Phase) -> bool:

@@ -186,9 +186,12 @@ def iterate(
                         sw._fold(body_node)
                     loop_phase.loop_ns += elapsed
                     loop_phase.steps += 1
+                elif frame[1] is DROPPED:  # a step that began while not measuring: not a step
+                    close_frame(sw, stack, frame, None, None)
+                    frame = None
                 else:
                     end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
-                if trace is not None:
+                if trace is not None and frame is not None:
                     trace_step(trace, frame, now, stack, phase.name if loop_phase is not None else None)
             if device is not None:
                 device.poll()
@@ -257,6 +260,13 @@ def iterate(
                     start, allocated, reserved = device.begin(body, stack[-1])
                     body_frame = [LOOP, node, ready, start, allocated, reserved]
                 stack.append(body_frame)
+            elif own_phase and sw._was_enabled:
+                # a step that begins while not measuring: blocks in it (were stepwatch switched on in the middle
+                # of it) are dropped with it, rather than recorded at the phase's top level
+                if sw._local is not local:
+                    local, stack = sw._local, sw._thread_stack()
+                body_frame = (LOOP, DROPPED, ready)
+                stack.append(body_frame)
             yield item
     finally:
         end = clock()
@@ -266,6 +276,8 @@ def iterate(
         if body_frame is not None and driven:  # no step ended it: not a step
             if loop_phase is not None:
                 loop_phase.in_first_step = False
+            close_frame(sw, stack, body_frame, None, None)
+        elif body_frame is not None and body_frame[1] is DROPPED:
             close_frame(sw, stack, body_frame, None, None)
         elif body_frame is not None:  # a body left early: break, return or an exception
             end_step(sw, stack, body_frame, end, loop_phase, device_loop, first_body_node)

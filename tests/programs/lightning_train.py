@@ -52,6 +52,14 @@ class Model(L.LightningModule):
         x, y = batch
         self.log("val_loss", self.criterion(self(x), y))
 
+    def test_step(self, batch, index):
+        x, y = batch
+        self.log("test_loss", self.criterion(self(x), y))
+
+    def predict_step(self, batch, index):
+        x, _ = batch
+        return self(x).argmax(dim=1)
+
     def configure_optimizers(self):
         if self.automatic_optimization:
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -80,3 +88,20 @@ def train(profiler=None, workers=0, manual=False, busy_s=0.0, max_steps=20, accu
     val_loader = DataLoader(Data(32, 0.0), batch_size=16, num_workers=workers)
     trainer.fit(model, train_loader, val_loader)
     return model, trainer
+
+
+def evaluate(kind, profiler=None, workers=0, busy_s=0.0):
+    """``trainer.test`` or ``trainer.predict`` (``kind``) of an untrained model over 48 samples in batches of 8."""
+    L.seed_everything(0, verbose=False)
+    trainer = L.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        profiler=profiler,
+    )
+    model = Model()
+    loader = DataLoader(Data(48, busy_s), batch_size=8, num_workers=workers)
+    result = getattr(trainer, kind)(model, loader)
+    return model, result

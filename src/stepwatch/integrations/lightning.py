@@ -4,10 +4,12 @@ Lightning names every hook it runs (``trainer/call.py``, ``loops/``) and calls i
 ``stop`` around each. This profiler turns those actions into stepwatch's stages, on the default stopwatch, so
 that ``stepwatch.timed`` blocks in the user's code nest where they run:
 
-- the fetch of each batch (``[_TrainingEpochLoop].train_dataloader_next``, ``[_EvaluationLoop].val_next``) is
-  the ``loader`` wait of a loop advanced in two beats; the rest of each step is ``step``; validation is the
-  ``val`` phase, taken out of the training step it runs in;
-- ``[Strategy]*.batch_to_device`` is ``h2d``, ``training_step`` and ``validation_step`` are ``forward``,
+- the fetch of each batch (``[_TrainingEpochLoop].train_dataloader_next``, ``[_EvaluationLoop].val_next`` and
+  ``.test_next``, ``[_PredictionLoop].predict_next``) is the ``loader`` wait of a loop advanced in two beats;
+  the rest of each step is ``step``; validation is the ``val`` phase, taken out of the training step it runs
+  in; ``trainer.test`` and ``trainer.predict`` are the ``test`` and ``predict`` phases;
+- ``[Strategy]*.batch_to_device`` is ``h2d``, ``training_step``, ``validation_step``, ``test_step`` and
+  ``predict_step`` are ``forward``,
   ``backward`` is ``backward`` (under manual optimization, the time between the ``on_before_backward`` and
   ``on_after_backward`` hooks), ``[LightningModule]*.optimizer_zero_grad`` is ``zero_grad``;
 - ``[LightningModule]*.optimizer_step`` runs the closure (training_step, zero_grad, backward) inside it: its
@@ -29,7 +31,7 @@ from typing import Any
 
 from .. import _default
 from .._auto import batch_size
-from .._driven import Beats
+from .._driven import Beats, set_base_phase
 from .._patches import Patches
 from .._summary import ONE_OFF, OTHER, Summary
 from .._tree import DEFAULT_PHASE, DROPPED, FOLD, OVERFLOW
@@ -47,10 +49,14 @@ except ImportError:  # the older package name
         ) from error
 
 _TRANSPARENT = frozenset({"run_training_epoch", "run_training_batch"})
+TEST, PREDICT = "test", "predict"
+"""The phases of ``trainer.test`` and ``trainer.predict``."""
 _STAGES = {
     "[Strategy].batch_to_device": "h2d",
     "[Strategy].training_step": "forward",
     "[Strategy].validation_step": "forward",
+    "[Strategy].test_step": "forward",
+    "[Strategy].predict_step": "forward",
     "[Strategy].backward": "backward",
     "[LightningModule].optimizer_zero_grad": "zero_grad",
 }
@@ -96,6 +102,7 @@ class StepwatchProfiler(Profiler):
         self._log_dir: str | None = None
         self._backward_depth = 0  # [Strategy].backward actions open
         self._manual_backward: Any = None  # the block timing a manual_backward(), between its hooks
+        self._base_before: str | None = None  # the thread's base phase before an evaluation-only run set it
 
     # -- Lightning's profiler interface ----------------------------------------------------------------------
 
@@ -111,6 +118,8 @@ class StepwatchProfiler(Profiler):
             warmup, active, every = self._schedule
             _default.enable(warmup=warmup, active=active, every=every)
             self._enabled_here = True
+        if getattr(stage, "value", stage) != "fit" and self._base_before is None:  # validate, test or predict only: no train phase
+            self._base_before = set_base_phase(_default, self._evaluation_phase())
 
     def start(self, action_name: str) -> None:
         if action_name in _TRANSPARENT:
@@ -118,8 +127,9 @@ class StepwatchProfiler(Profiler):
         if action_name.endswith("].train_dataloader_next"):
             self._fetch_started(DEFAULT_PHASE)
             return
-        if action_name.endswith("].val_next"):
-            self._fetch_started(self.val_phase)
+        phase = self._fetched_phase(action_name)
+        if phase is not None:
+            self._fetch_started(phase)
             return
         kind, owner, hook = _parse(action_name)
         if (kind == "LightningModule" and hook == "optimizer_step") or action_name == "optimizer_step":
@@ -153,8 +163,9 @@ class StepwatchProfiler(Profiler):
         if action_name.endswith("].train_dataloader_next"):
             self._fetch_ended(DEFAULT_PHASE)
             return
-        if action_name.endswith("].val_next"):
-            self._fetch_ended(self.val_phase)
+        phase = self._fetched_phase(action_name)
+        if phase is not None:
+            self._fetch_ended(phase)
             return
         closers = self._closers.get(action_name)
         if closers:
@@ -167,8 +178,28 @@ class StepwatchProfiler(Profiler):
             self._pause_optimizer()
             self._manual_backward = _default.timed("backward")
             self._manual_backward.__enter__()
-        if action_name.startswith("[Strategy]") and action_name.endswith(".on_validation_end"):
-            self._close_loop(self.val_phase)  # the evaluation loop's last hook
+        if action_name.startswith("[Strategy]"):  # an evaluation loop's last hook ends its loop
+            for hook, phase in (
+                ("on_validation_end", self.val_phase),
+                ("on_test_end", TEST),
+                ("on_predict_end", PREDICT),
+            ):
+                if action_name.endswith(f".{hook}"):
+                    self._close_loop(phase)
+
+    def _fetched_phase(self, action_name: str) -> str | None:
+        """The phase whose batch fetch ``action_name`` is, if it is one."""
+        if not action_name.endswith("_next"):
+            return None
+        for suffix, phase in (
+            ("].train_dataloader_next", DEFAULT_PHASE),
+            ("].val_next", self.val_phase),
+            ("].test_next", TEST),
+            ("].predict_next", PREDICT),
+        ):
+            if action_name.endswith(suffix):
+                return phase
+        return None
 
     def summary(self) -> Summary:  # type: ignore[override]
         """stepwatch's :class:`~stepwatch.Summary` of what was recorded (Lightning's profilers return text)."""
@@ -196,6 +227,9 @@ class StepwatchProfiler(Profiler):
     def _fetch_started(self, phase: str) -> None:
         if phase == DEFAULT_PHASE and self.val_phase in self._loops:  # a validation not ended by its last hook
             self._close_loop(self.val_phase)
+        for other in (TEST, PREDICT):  # a loop of another stage, not ended by its last hook
+            if other != phase and other in self._loops:
+                self._close_loop(other)
         loop = self._loops.get(phase)
         if loop is None:
             loop = self._loops[phase] = Beats(_default, phase, self._loader_of.get(phase))
@@ -253,11 +287,16 @@ class StepwatchProfiler(Profiler):
                 loader._get_iterator.on_batch = self._saw_batch
                 self._loaders.append(loader)
                 # Lightning's evaluation loops run without gradients, its training loop with them
-                self._loader_of[DEFAULT_PHASE if torch.is_grad_enabled() else self.val_phase] = loader
+                self._loader_of[DEFAULT_PHASE if torch.is_grad_enabled() else self._evaluation_phase()] = loader
             return original(loader)
 
         __iter__.__wrapped__ = original  # type: ignore[attr-defined]
         return __iter__
+
+    def _evaluation_phase(self) -> str:
+        """The phase of a loop run without gradients, from the stage the trainer runs."""
+        stage = getattr(self._stage, "value", self._stage)  # Lightning's TrainerFn, a str enum
+        return {"test": TEST, "predict": PREDICT}.get(str(stage or ""), self.val_phase)
 
     def _saw_batch(self, batch: Any) -> None:
         self._pending_count = batch_size(batch)
@@ -270,6 +309,9 @@ class StepwatchProfiler(Profiler):
             return
         for phase in list(self._loops):
             self._close_loop(phase)
+        if self._base_before is not None:
+            set_base_phase(_default, self._base_before)
+            self._base_before = None
         self._patches.undo()
         for loader in self._loaders:
             uninstrument(loader)
