@@ -118,7 +118,8 @@ class StepwatchProfiler(Profiler):
             warmup, active, every = self._schedule
             _default.enable(warmup=warmup, active=active, every=every)
             self._enabled_here = True
-        if getattr(stage, "value", stage) != "fit" and self._base_before is None:  # validate, test or predict only: no train phase
+        # validate, test or predict alone: its hooks outside the loop are that phase's, and there is no train phase
+        if getattr(stage, "value", stage) != "fit" and self._base_before is None:
             self._base_before = set_base_phase(_default, self._evaluation_phase())
 
     def start(self, action_name: str) -> None:
