@@ -321,6 +321,24 @@ def test_the_loader_configuration_is_recorded() -> None:
     assert isinstance(config["torch_threads"], int)
 
 
+def test_the_configuration_is_read_through_wrappers_and_loaders_of_loaders() -> None:
+    """Accelerate's DataLoaderShard (which forwards every attribute to its base_dataloader) and Lightning's
+    CombinedLoader holding one DataLoader give that DataLoader's configuration; several loaders give none."""
+    from accelerate.data_loader import DataLoaderShard
+    from lightning.pytorch.utilities import CombinedLoader
+
+    from stepwatch._watch import inner_loader, loader_config
+
+    shard = DataLoaderShard(range(16), batch_size=4, num_workers=1, persistent_workers=True)
+    assert inner_loader(shard) is shard.base_dataloader
+    assert loader_config(shard)["num_workers"] == 1 and loader_config(shard)["persistent_workers"] is True
+    one = DataLoader(range(16), batch_size=4, num_workers=1)
+    assert loader_config(CombinedLoader({"a": one}))["batch_size"] == 4
+    two = CombinedLoader([one, DataLoader(range(8), batch_size=2)])
+    assert inner_loader(two) is None and loader_config(two) is None
+    assert loader_config(range(3)) is None
+
+
 def test_never_advise_fewer_workers_than_configured(clock: FakeClock) -> None:
     sw = cpu_loop(clock, 20, 10 * MS, {"forward": MS, "backward": MS})
     many_cores = analyze(with_loader(on_cores(sw.summary(), 16, gpu=True), num_workers=2))
