@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 import stepwatch
 from stepwatch._ranks import RanksReport, ranks_report
+from stepwatch._render import render_ranks
 from stepwatch._saved import load_ranks, save_ranks
 from stepwatch.distributed import gather_timeout, rank_info, rank_path
 
@@ -192,6 +193,9 @@ def test_what_the_job_loses_to_its_straggler_is_what_a_control_run_shows(tmp_pat
     assert report.straggler.stage.startswith("loader")
     assert lost > 0.024  # 4 samples x 8 ms more per batch: the control run shows it
     assert report.straggler.excess_s == pytest.approx(lost, rel=0.25)
+    text = render_ranks(report)  # no "slowest rank" beside the straggler (DDP equalizes the step times)
+    assert "slowest rank" not in text and "every rank waits for the straggler" in text
+    assert "over the median of the other ranks" in text
 
 
 @pytest.mark.slow
