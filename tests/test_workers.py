@@ -235,6 +235,38 @@ def test_after_reset_a_run_without_workers_has_no_worker_rows(sw: Stopwatch) -> 
     assert "loader/other" in stages and calls(sw, "dataset") == 8
 
 
+@pytest.mark.slow
+def test_workers_that_compute_or_wait_for_a_core_are_told_from_workers_that_sleep(sw: Stopwatch) -> None:
+    """Each worker's CPU time and its time waiting for a core, per batch, by its own clocks: 4 workers that
+    busy-wait on this machine's cores need a core nearly all their busy time (computing, or queued for one when
+    they outnumber the cores), while workers whose reads sleep need one for a small part of it."""
+    for _ in sw.watch(make_loader("fork", dataset=BusyDataset(size=32), num_workers=4)):
+        pass
+    computing = sw.summary().main_phase.workers
+    assert len(computing) == 4
+    for worker in computing.values():
+        assert worker.cpu_ns > 0 and worker.queued_ns >= 0
+        assert worker.needs_core_share > 0.8, worker  # whatever share of a core each one got
+    assert "mostly wait" not in " ".join(sw.summary().verdict.advice)
+    sleeping = Stopwatch()
+    sleeping.enable()
+    for _ in sleeping.watch(make_loader("fork", dataset=SleepyDataset(), num_workers=2)):
+        pass
+    for worker in sleeping.summary().main_phase.workers.values():
+        assert worker.needs_core_share < 0.3, worker
+
+
+class SleepyDataset(Dataset[int]):
+    """Each read sleeps 5 ms: a worker that waits (on a disk, a remote store) rather than computes."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.005)
+        return index
+
+
 def test_disabled_stopwatch_leaves_the_pipeline_alone() -> None:
     sw = Stopwatch()
     loader = make_loader("fork")

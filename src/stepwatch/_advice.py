@@ -2,9 +2,11 @@
 persistent workers, pinned copies. Called by :func:`stepwatch._analysis.analyze`; reads a summary only.
 
 The number of workers advised comes from the workers' own figures: how long a batch takes a worker against how
-long the step takes, and how much of a worker's busy time is on the CPU (its process's CPU clock against its
-wall time per batch). Workers that mostly wait (I/O, a remote read, ``sleep``) are not limited by the cores, so
-more of them help beyond the machine's spare cores; workers that compute share the cores with training.
+long the step takes, and how much of a worker's busy time needs a core: its process's CPU clock against its
+wall time per batch, plus the time it was runnable but waiting for a core (the kernel's scheduler statistics,
+so that workers starved of cores are not taken for workers waiting on I/O). Workers that mostly wait (I/O, a
+remote read, ``sleep``) are not limited by the cores, so more of them help beyond the machine's spare cores;
+workers that compute share the cores with training.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from ._summary import PhaseSummary, StageStats
 MODERATELY = 0.05
 """A share of the loop above which a cause is worth acting on (TensorFlow's "moderately")."""
 WAITING_WORKERS = 0.5
-"""Workers spending less than this share of their busy time on the CPU mostly wait: cores do not limit them."""
+"""Workers that need a core (computing, or runnable and waiting for one) for less than this share of their
+busy time mostly wait (I/O, a remote read, ``sleep``): cores do not limit them."""
 WAIT, BODY, FIRST = "loader", "step", "first_batch"
 _COPY_NAMES = re.compile(r"h2d|to_device|copy|transfer|to_gpu|to_cuda", re.IGNORECASE)
 
@@ -54,11 +57,15 @@ def input_advice(
         figures["worker_utilization"] = utilization
         measured = [w for w in workers.values() if w.cpu_ns >= 0]
         if measured and sum(w.busy_ns for w in measured):
-            waiting = min(sum(w.cpu_ns for w in measured) / sum(w.busy_ns for w in measured), 1.0)
-            figures["worker_cpu_share"] = waiting
+            busy = sum(w.busy_ns for w in measured)
+            figures["worker_cpu_share"] = min(sum(w.cpu_ns for w in measured) / busy, 1.0)
+            # a core was needed while computing, and while runnable but waiting for one (oversubscribed cores)
+            queued = sum(max(w.queued_ns, 0) for w in measured)
+            figures["worker_queued_share"] = min(queued / busy, 1.0)
+            waiting = min((sum(w.cpu_ns for w in measured) + queued) / busy, 1.0)
         rate = f"each batch takes a worker {busy_per_batch * 1e3:.1f} ms, the step {step_s * 1e3:.1f} ms"
         if not math.isnan(waiting):
-            rate += f"; {waiting:.0%} of a worker's busy time is on the CPU"
+            rate += f"; a worker needs a core {waiting:.0%} of its busy time"
         if step_s > 0 and not math.isnan(busy_per_batch):
             needed = math.ceil(busy_per_batch / step_s)
             figures["workers_needed"] = needed

@@ -116,12 +116,14 @@ def _workers(phase: PhaseSummary) -> str:
     rows = "".join(
         f'<tr data-worker="{worker_id}"><td>worker {worker_id}</td><td>{worker.batches}</td>'
         f"<td>{_cell(worker.busy_per_batch)}</td><td>{_cell(worker.wait_per_batch)}</td>"
-        f"<td>{_cell(worker.utilization, 100, 1)}</td><td>{_cell(worker.cpu_share, 100, 1)}</td></tr>"
+        f"<td>{_cell(worker.utilization, 100, 1)}</td><td>{_cell(worker.cpu_share, 100, 1)}</td>"
+        f"<td>{_cell(worker.queued_share, 100, 1)}</td></tr>"
         for worker_id, worker in phase.workers.items()
     )
     return (
         f'<table class="workers" data-phase="{escape(phase.name)}"><tr><th>DataLoader worker</th><th>batches</th>'
-        f"<th>busy ms/batch</th><th>wait ms/batch</th><th>% busy</th><th>% of busy on CPU</th></tr>{rows}</table>"
+        f"<th>busy ms/batch</th><th>wait ms/batch</th><th>% busy</th><th>% of busy on CPU</th>"
+        f"<th>% of busy waiting for a core</th></tr>{rows}</table>"
     )
 
 

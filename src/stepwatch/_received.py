@@ -87,8 +87,8 @@ class WorkerSide:
                     resolved[(prefix, path)] = node
                 node.stats.absorb(partial)
             worker_id = report[0] + offset
-            if len(report) > 7 and self._trace is not None:
-                self._trace.add_worker_events(worker_id, cast("Any", report)[7], prefix.path)
+            if len(report) > 8 and self._trace is not None:
+                self._trace.add_worker_events(worker_id, cast("Any", report)[8], prefix.path)
             totals = phase.workers.get(worker_id)
             if totals is None:
                 totals = phase.workers[worker_id] = WorkerTotals()

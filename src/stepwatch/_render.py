@@ -133,7 +133,10 @@ def _workers_section(phase: PhaseSummary, configured: Any) -> list[str]:
     for worker in phase.workers.values():
         loader, worker_id = divmod(worker.worker_id, 1000)  # several loaders: see _watch.LOADER_STRIDE
         name = f"loader {loader} worker {worker_id}" if loader else f"worker {worker_id}"
-        cpu = "" if math.isnan(worker.cpu_share) else f" ({_percent(worker.cpu_share)}% of it on the CPU)"
+        cpu = "" if math.isnan(worker.cpu_share) else f" ({_percent(worker.cpu_share)}% of it on the CPU"
+        if cpu and worker.queued_share >= 0.01:
+            cpu += f", {_percent(worker.queued_share)}% waiting for a core"
+        cpu += ")" if cpu else ""
         lines.append(
             f"  {name}: {worker.batches:,} batches, {_ms(worker.busy_per_batch)} ms busy per batch{cpu},"
             f" utilization {_percent(worker.utilization)}%, batches waited {_ms(worker.wait_per_batch)} ms ready"

@@ -149,7 +149,8 @@ def check_phase(name: Any, data: Any, where: str) -> None:
         worker = _dict(worker, f"{where}.workers.{worker_id}")
         for key in ("batches", "busy_ns", "wall_ns", "wait_ns"):
             _int(worker.get(key, MISSING), f"{where}.workers.{worker_id}.{key}")
-        _int(worker.get("cpu_ns", 0), f"{where}.workers.{worker_id}.cpu_ns")  # absent: not measured
+        for key in ("cpu_ns", "queued_ns"):  # absent: not measured
+            _int(worker.get(key, 0), f"{where}.workers.{worker_id}.{key}")
 
 
 _METADATA_STRINGS = ("stepwatch", "python", "torch", "host", "started_at", "device_error")

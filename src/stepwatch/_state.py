@@ -104,7 +104,7 @@ def load_state_dict(sw: Stopwatch, state: Any) -> None:
             for worker_id, worker in phase_summary.workers.items():
                 totals = phase.workers[worker_id] = WorkerTotals()
                 totals.batches, totals.busy_ns, totals.wait_ns = worker.batches, worker.busy_ns, worker.wait_ns
-                totals.cpu_ns = worker.cpu_ns
+                totals.cpu_ns, totals.queued_ns = worker.cpu_ns, worker.queued_ns
                 totals.wall_before_ns = worker.wall_ns
             phase.device_busy_ns = phase_summary.device.busy_ns
             phase.device_idle_ns = phase_summary.device.idle_ns

@@ -246,7 +246,8 @@ class WorkerStats:
     """One DataLoader worker (by worker id, across restarts): batches it produced, time it spent producing
     them (``busy_ns``: from starting a batch's first sample to the collated batch), its wall time from start
     to its last batch, the total time its batches waited, ready, before the main process took them, and the CPU
-    time it spent on them (``cpu_ns``, its process's CPU clock; -1 when not measured)."""
+    time it spent on them (``cpu_ns``, its process's CPU clock) and the time it spent on them runnable but waiting
+    for a core (``queued_ns``, the kernel's scheduler statistics); -1 when not measured."""
 
     worker_id: int
     batches: int
@@ -254,12 +255,26 @@ class WorkerStats:
     wall_ns: int
     wait_ns: int
     cpu_ns: int = -1
+    queued_ns: int = -1
 
     @property
     def cpu_share(self) -> float:
         """CPU time over busy time: near 1 for a worker that computes (decoding, augmenting), low for one that
-        mostly waits (I/O, a remote read, ``sleep``), which more cores would not speed up. NaN if unknown."""
+        mostly waits (I/O, a remote read, ``sleep``) or for a core. NaN if unknown."""
         return min(self.cpu_ns / self.busy_ns, 1.0) if self.cpu_ns >= 0 and self.busy_ns else math.nan
+
+    @property
+    def queued_share(self) -> float:
+        """Time runnable but waiting for a core, over busy time: high when workers and training outnumber the
+        cores. NaN if unknown."""
+        return min(self.queued_ns / self.busy_ns, 1.0) if self.queued_ns >= 0 and self.busy_ns else math.nan
+
+    @property
+    def needs_core_share(self) -> float:
+        """The share of its busy time a worker needed a core (computing, or waiting for one): what more cores,
+        not more workers, would speed up. Its CPU share where waiting for a core is not known."""
+        cpu, queued = self.cpu_share, self.queued_share
+        return cpu if math.isnan(queued) else min(cpu + queued, 1.0)
 
     @property
     def utilization(self) -> float:
@@ -283,17 +298,21 @@ class WorkerStats:
             self.wall_ns + other.wall_ns,
             self.wait_ns + other.wait_ns,
             self.cpu_ns + other.cpu_ns if self.cpu_ns >= 0 and other.cpu_ns >= 0 else -1,
+            self.queued_ns + other.queued_ns if self.queued_ns >= 0 and other.queued_ns >= 0 else -1,
         )
 
     def to_dict(self) -> dict[str, int]:
         figures = {"batches": self.batches, "busy_ns": self.busy_ns, "wall_ns": self.wall_ns, "wait_ns": self.wait_ns}
         if self.cpu_ns >= 0:
             figures["cpu_ns"] = self.cpu_ns
+        if self.queued_ns >= 0:
+            figures["queued_ns"] = self.queued_ns
         return figures
 
     @classmethod
     def from_dict(cls, worker_id: int, data: Mapping[str, Any]) -> WorkerStats:
-        values = [data["batches"], data["busy_ns"], data["wall_ns"], data["wait_ns"], data.get("cpu_ns", -1)]
+        values = [data["batches"], data["busy_ns"], data["wall_ns"], data["wait_ns"]]
+        values += [data.get("cpu_ns", -1), data.get("queued_ns", -1)]
         if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
             raise TypeError("worker figures must be integers")
         return cls(worker_id, *values)

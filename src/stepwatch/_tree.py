@@ -171,12 +171,13 @@ _RECORDED = (
 class WorkerTotals:
     """What the batches from one DataLoader worker id told the main process, across its restarts."""
 
-    __slots__ = ("batches", "busy_ns", "cpu_ns", "spans", "wait_ns", "wall_before_ns")
+    __slots__ = ("batches", "busy_ns", "cpu_ns", "queued_ns", "spans", "wait_ns", "wall_before_ns")
 
     def __init__(self) -> None:
         self.batches = 0
         self.busy_ns = 0
         self.cpu_ns = 0  # the worker's CPU time on its batches; -1 once a part of it is unknown (a resumed run)
+        self.queued_ns = 0  # its time waiting for a core on its batches; -1 once a part of it is unknown
         self.wait_ns = 0
         self.spans: dict[int, list[int]] = {}  # pid -> [started_ns, last_ready_ns]
         self.wall_before_ns = 0  # carried over from a resumed run
@@ -187,6 +188,8 @@ class WorkerTotals:
         self.busy_ns += busy
         if self.cpu_ns >= 0:
             self.cpu_ns += report[6]
+        queued = report[7]
+        self.queued_ns = self.queued_ns + queued if self.queued_ns >= 0 and queued >= 0 else -1
         self.wait_ns += max(received_ns - ready, 0)
         span = self.spans.get(pid)
         if span is None:  # from its first counted batch's start: start-up and uncounted batches are not idle
@@ -201,7 +204,7 @@ class WorkerTotals:
         for first, last in self.spans.values():
             for start, end in consuming:
                 wall += max(min(last, end or now) - max(first, start), 0)
-        return WorkerStats(worker_id, self.batches, self.busy_ns, wall, self.wait_ns, self.cpu_ns)
+        return WorkerStats(worker_id, self.batches, self.busy_ns, wall, self.wait_ns, self.cpu_ns, self.queued_ns)
 
 
 def fold(node: Node) -> None:

@@ -27,15 +27,16 @@ T = TypeVar("T")
 
 
 WorkerReport = (
-    tuple[int, int, int, int, int, dict[str, Partial], int]
-    | tuple[int, int, int, int, int, dict[str, Partial], int, list[tuple[str, int, int]]]
+    tuple[int, int, int, int, int, dict[str, Partial], int, int]
+    | tuple[int, int, int, int, int, dict[str, Partial], int, int, list[tuple[str, int, int]]]
 )
-"""(worker id, pid, started, busy ns, ready ns, the batch's measurements, CPU ns[, its timeline events])"""
+"""(worker id, pid, started, busy ns, ready ns, the batch's measurements, CPU ns, queued ns[, its events])"""
 """What one batch brings back from its worker, as a plain tuple (it pickles fastest): (worker id, pid, when the
 worker started, how long it worked on the batch, when the batch was ready, in ns on CLOCK_MONOTONIC; its
-stage statistics since its previous batch, ``{path: Partial}``, folded in the worker; and the CPU time the
-worker process spent on the batch, by its own CPU clock: against the busy time, it tells a worker that computes
-from one that waits on I/O)."""
+stage statistics since its previous batch, ``{path: Partial}``, folded in the worker; the CPU time the worker
+process spent on the batch, by its own CPU clock, and the time it spent runnable but waiting for a core (the
+kernel's scheduler statistics; -1 where unknown): against the busy time, they tell a worker that computes, or
+waits for a core, from one that waits on I/O)."""
 
 
 class Carrier:
@@ -66,11 +67,24 @@ class _WorkerState:
         self.started_ns = 0
         self.fetch_started_ns: int | None = None
         self.fetch_cpu_ns = 0  # the worker process's CPU clock when its batch started
+        self.fetch_queued_ns = 0  # its time spent runnable, waiting for a core, when its batch started
+        self.schedstat: int | None = None  # /proc/self/schedstat, kept open (Linux); None elsewhere
 
     def fetch_started(self) -> None:
-        """The worker started on a batch: its wall and CPU clocks now."""
+        """The worker started on a batch: its wall and CPU clocks now, and its time waiting for a core."""
         self.fetch_started_ns = time.perf_counter_ns()
         self.fetch_cpu_ns = time.process_time_ns()
+        self.fetch_queued_ns = self.queued_ns()
+
+    def queued_ns(self) -> int:
+        """Nanoseconds this process has spent runnable but not running (waiting on a run queue for a core),
+        from the kernel's scheduler statistics; -1 where the kernel does not say."""
+        if self.schedstat is None:
+            return -1
+        try:
+            return int(os.pread(self.schedstat, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return -1
 
     def start(self, worker_id: int) -> None:
         self.active = True
@@ -78,6 +92,10 @@ class _WorkerState:
         self.pid = os.getpid()
         self.started_ns = time.perf_counter_ns()  # CLOCK_MONOTONIC: comparable across processes of one host
         self.fetch_started_ns = None
+        try:
+            self.schedstat = os.open("/proc/self/schedstat", os.O_RDONLY)  # this worker's own, opened in it
+        except OSError:
+            self.schedstat = None
 
 
 _state = _WorkerState()
@@ -139,10 +157,12 @@ class TimedCollate:
             batch = self.collate_fn(samples)
         ready = time.perf_counter_ns()
         cpu = time.process_time_ns() - cpu_start
+        queued_before, queued_now = _state.fetch_queued_ns, _state.queued_ns()
+        queued = queued_now - queued_before if queued_before >= 0 and queued_now >= 0 else -1
         busy = ready - cast(int, start)
         _state.fetch_started_ns = None
         taken = stopwatch._take()
-        report: WorkerReport = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, taken, cpu)
+        report: WorkerReport = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, taken, cpu, queued)
         if stopwatch._trace is not None:  # the timeline is kept: the batch's events ride along
             report = (*report, stopwatch._trace.take_worker_events())
         return Carrier(batch, report)
