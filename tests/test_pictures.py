@@ -306,3 +306,32 @@ def test_the_html_report_in_a_real_browser_shows_tables_and_plots_and_fetches_no
     assert pixels.shape[:2] == (2600, 1280)
     rows_with_ink = (pixels[..., :3].min(axis=2) < 0.5).any(axis=1).sum()
     assert rows_with_ink > 800  # the tables and the plots are drawn down the page
+
+
+def test_names_with_dollars_and_underscores_are_drawn_literally(tmp_path: Path) -> None:
+    """A ``$`` in a stage, phase, file name or title is no math text (``$\\frac$`` made matplotlib raise,
+    ``a$b$`` drew a wrong label), and a stage named ``_x`` keeps its legend entry."""
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(4), phase="p$q"):
+        for name in (r"$\frac$", "a$b$", "_hidden"):
+            with sw.timed(name):
+                spin(0.0002)
+    summary = sw.summary()
+    figure = _plot.run_figure(summary, title=r"run $\frac$.json")
+    handles, labels = figure.axes[0].get_legend_handles_labels()
+    assert {r"step/\$\frac\$", r"step/a\$b\$", "step/_hidden"} <= set(labels)
+    _plot.save(figure, str(tmp_path / "x.png"))  # drawn: no math text parsed
+    page = stepwatch.render(summary, "html")
+    assert escape(r"$\frac$") in page and "<svg" in page
+    stepwatch._saved.save_summary(summary, tmp_path / "$x$.json")
+    for command, out in (("plot", "$x$.png"), ("export", "$x$.html")):
+        result = subprocess.run(
+            [PYTHON, "-m", "stepwatch", command, "$x$.json", "-o", out],
+            cwd=tmp_path,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / out).stat().st_size > 1000

@@ -32,6 +32,13 @@ STAGE_COLORS = {
 _OTHER_COLORS = ("#DA8BC3", "#2F4B7C", "#A05195", "#F95D6A", "#665191", "#D45087", "#FFA600", "#3B8B7E")
 
 
+def literal(text: object) -> str:
+    """``text`` as matplotlib draws it literally: ``$`` is not math text, and a leading ``_`` does not hide a
+    legend entry. Every name from a run (stages, phases, files, titles) goes through here."""
+    value = str(text).replace("$", r"\$")
+    return "\u200b" + value if value.startswith("_") else value
+
+
 def stage_color(path: str) -> str:
     """A stage's colour: fixed for the common stages, else chosen by its name (a stable hash), so a stage is
     drawn in the same colour in every picture, whatever else the run recorded."""
@@ -79,7 +86,7 @@ def run_figure(run: Summary | AllRanks, title: str = "") -> Any:
     figure, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 5.6), gridspec_kw={"width_ratios": [1.1, 1.6, 1]})
     if len(runs) > 1:
         bars = {f"rank {_rank(r, i)}": r.phases[main.name] for i, r in enumerate(runs) if main.name in r.phases}
-        left.set_title(f"time per step by rank ({main.name})")
+        left.set_title(literal(f"time per step by rank ({main.name})"))
     else:
         bars = {name: phase for name, phase in main_first(runs[0]).items() if phase.steps}
         left.set_title("time per step by phase")
@@ -87,7 +94,7 @@ def run_figure(run: Summary | AllRanks, title: str = "") -> Any:
     _over_time(middle, runs)
     _workers(right, runs[0].phases.get(main.name, main))
     if title:
-        figure.suptitle(title)
+        figure.suptitle(literal(title))
     figure.tight_layout()
     return figure
 
@@ -107,20 +114,20 @@ def comparison_figure(before: Summary, after: Summary, before_name: str, after_n
         [p + height / 2 for p in positions],
         [(c.before or 0) * MS for c in changes],
         height,
-        label=before_name,
+        label=literal(before_name),
         color=COLORS[0],
     )
     axes.barh(
         [p - height / 2 for p in positions],
         [(c.after or 0) * MS for c in changes],
         height,
-        label=after_name,
+        label=literal(after_name),
         color=COLORS[1],
     )
-    axes.set_yticks(list(positions), [c.path for c in changes])
+    axes.set_yticks(list(positions), [literal(c.path) for c in changes])
     axes.set_xlabel("ms per call")
     step = comparison.step
-    headline = f"phase {comparison.phase}: time per step"
+    headline = f"phase {literal(comparison.phase)}: time per step"
     if step.before is not None and step.after is not None:
         headline += f" {step.before * MS:.3g} ms -> {step.after * MS:.3g} ms ({step.percent or 0:+.1f}%)"
     axes.set_title(headline)
@@ -164,11 +171,12 @@ def _rank(summary: Summary, index: int) -> int:
 
 def _stacked(axes: Any, bars: dict[str, dict[str, float]]) -> None:
     labels = list(bars)
+    shown = [literal(label) for label in labels]
     parts = list(dict.fromkeys(part for figures in bars.values() for part in figures))
     bottoms = [0.0] * len(labels)
     for part in parts:
         heights = [bars[label].get(part, 0.0) * MS for label in labels]
-        axes.bar(labels, heights, bottom=bottoms, label=part, color=stage_color(part), width=0.6)
+        axes.bar(shown, heights, bottom=bottoms, label=literal(part), color=stage_color(part), width=0.6)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     axes.set_ylabel("ms per step")
     if parts:  # below the bars, which it would otherwise hide
