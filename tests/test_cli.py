@@ -209,3 +209,35 @@ def test_compare_goes_phase_by_phase_and_names_them(
     out = capsys.readouterr().out
     assert "(phase train, per call)" in out and "(phase val, per call)" in out
     assert "+200.0%" in out.split("(phase val")[1]  # the val step tripled, shown in its own table
+
+
+@pytest.mark.parametrize(("command", "name"), [("export", "x.html"), ("export", "x.json.gz"), ("plot", "x.png")])
+def test_a_failed_write_leaves_the_file_that_was_there(saved: Path, tmp_path: Path, command: str, name: str) -> None:
+    """Written atomically, as runs are: the write fails past a file-size limit (``ulimit -f``), and the good
+    file written before is left whole; one line, exit 2."""
+    import resource
+
+    target = tmp_path / name
+    good = subprocess.run(
+        [PYTHON, "-m", "stepwatch", command, str(saved), "-o", str(target)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert good.returncode == 0, good.stderr
+    before = target.read_bytes()
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+    limited = subprocess.run(
+        [PYTHON, "-m", "stepwatch", command, str(saved), "-o", str(target)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=small_files,
+    )
+    assert limited.returncode == 2 and "cannot write" in limited.stderr, limited.stderr
+    assert len(limited.stderr.strip().splitlines()) == 1
+    assert target.read_bytes() == before and len(before) > 200
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".stepwatch-")] == []

@@ -422,3 +422,31 @@ def test_gather_outside_a_job_and_bad_arguments(
     assert gather_timeout() == 30.0 and "STEPWATCH_GATHER_TIMEOUT='soon' is not a number of seconds" in caplog.text
     monkeypatch.setenv("STEPWATCH_GATHER_TIMEOUT", "2.5")
     assert gather_timeout() == 2.5
+
+
+def test_export_and_plot_refuse_all_ranks_files_report_refuses(tmp_path: Path, clock: FakeClock) -> None:
+    """Duplicate ranks, or no rank that measured a step (what the gather writes for blocks without a loop): one
+    line and exit 2, as ``report`` answers, for the page and the picture too."""
+    runs = rank_runs(clock, [2, 2], steps=3)
+    twice = [dataclasses.replace(run, metadata={**run.metadata, "rank": 0}) for run in runs]
+    save_ranks(twice, tmp_path / "twice.json")
+    blocks = stepwatch.Stopwatch()
+    blocks.enable()
+    with blocks.timed("setup"):
+        pass
+    no_loop = blocks.summary()
+    save_ranks(
+        [dataclasses.replace(no_loop, metadata={**no_loop.metadata, "rank": r}) for r in (0, 1)], tmp_path / "none.json"
+    )
+    for name, message in (("twice.json", "two runs are rank 0"), ("none.json", "no rank measured a step")):
+        for command, out in (("report", None), ("export", "x.html"), ("plot", "x.png")):
+            result = subprocess.run(
+                [PYTHON, "-m", "stepwatch", command, name, *(["-o", out] if out else [])],
+                cwd=tmp_path,
+                env=subprocess_env(),
+                capture_output=True,
+                text=True,
+            )
+            assert result.returncode == 2, (command, name, result.stderr)
+            assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+            assert "Traceback" not in result.stderr

@@ -144,11 +144,15 @@ def main_first(summary: Summary) -> dict[str, PhaseSummary]:
 
 def save(figure: Any, path: str) -> None:
     """PNG, SVG or PDF by ``path``'s extension."""
+    from ._saved import write_atomically
+
     plt = pyplot()
+    buffer = io.BytesIO()
     try:
-        figure.savefig(path, dpi=110)
+        figure.savefig(buffer, dpi=110, format=path.rsplit(".", 1)[-1].lower())
     finally:
         plt.close(figure)
+    write_atomically(buffer.getvalue(), path)  # a failed write leaves the old picture, never a cut one
 
 
 def svg(figure: Any) -> str:

@@ -129,6 +129,13 @@ def save_ranks(
 
 
 def _write(text: str, path: str | os.PathLike[str]) -> None:
+    write_atomically(text.encode("utf-8"), path)
+
+
+def write_atomically(data: bytes, path: str | os.PathLike[str]) -> None:
+    """Writes ``data`` to ``path`` through a temporary file in the same folder, renamed over it once complete
+    and synced: a failed write (a full disk, ``ulimit -f``) leaves the old file as it was, never a cut one.
+    Every file stepwatch writes goes through here (runs, all-ranks files, exports, pictures)."""
     target = os.path.realpath(os.fspath(path))
     try:
         mode = os.stat(target).st_mode & 0o7777
@@ -138,10 +145,10 @@ def _write(text: str, path: str | os.PathLike[str]) -> None:
     os.makedirs(folder, exist_ok=True)  # out="runs/ddp.json" before runs/ exists
     handle, temporary = tempfile.mkstemp(prefix=".stepwatch-", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
+        with os.fdopen(handle, "wb") as file:
             if hasattr(os, "fchmod"):
                 os.fchmod(file.fileno(), mode)
-            file.write(text)
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, target)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ._analysis import common_phases, compare
 from ._ranks import compare_ranks, merge_ranks
 from ._render import FORMATS, format_for_path, render_comparison, render_ranks_comparison
-from ._saved import FormatError
+from ._saved import FormatError, write_atomically
 from ._summary import Summary
 
 if TYPE_CHECKING:
@@ -197,6 +197,13 @@ def _plot(paths: list[str], output: str) -> int:
     jobs = _load_jobs(paths)
     if jobs is None:
         return 2
+    for path, job in zip(paths, jobs, strict=True):
+        if len(job.runs) > 1:
+            try:
+                job.report()
+            except ValueError as error:
+                print(f"stepwatch: {path}: {error}", file=sys.stderr)
+                return 2
     try:
         if len(jobs) == 1:
             job = jobs[0]
@@ -262,6 +269,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if len(runs) > 1 and chosen.render_ranks is not None:
+        try:
+            job.report()  # refused as `report` refuses it: two runs of one rank, or no rank with a step
+        except ValueError as error:
+            print(f"stepwatch: {args.file}: {error}", file=sys.stderr)
+            return 2
     if len(runs) == 1:
         text = chosen.render(runs[0])
     elif chosen.render_ranks is not None:
@@ -274,13 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     if args.output:
+        data = text.encode("utf-8")
         try:
-            if args.output.lower().endswith(".gz"):
-                with gzip.open(args.output, "wt", encoding="utf-8") as compressed:
-                    compressed.write(text)
-            else:
-                with open(args.output, "w", encoding="utf-8") as file:
-                    file.write(text)
+            write_atomically(gzip.compress(data) if args.output.lower().endswith(".gz") else data, args.output)
         except OSError as error:
             print(f"stepwatch: {args.output}: cannot write: {error.strerror or error}", file=sys.stderr)
             return 2
