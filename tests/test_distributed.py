@@ -450,3 +450,42 @@ def test_export_and_plot_refuse_all_ranks_files_report_refuses(tmp_path: Path, c
             assert result.returncode == 2, (command, name, result.stderr)
             assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
             assert "Traceback" not in result.stderr
+
+
+def test_load_and_render_accept_what_save_and_summary_produce(tmp_path: Path, clock: FakeClock) -> None:
+    """``stepwatch.load`` reads an all-ranks file back (as ``AllRanks``), a run file as a ``Summary``; and
+    ``stepwatch.render`` renders either."""
+    runs = rank_runs(clock, [2, 6], steps=4)
+    job = stepwatch.AllRanks(tuple(runs), 3, (2,))
+    job.save(tmp_path / "all.json")
+    loaded = stepwatch.load(tmp_path / "all.json")
+    assert isinstance(loaded, stepwatch.AllRanks)
+    assert (loaded.world_size, loaded.missing, len(loaded.runs)) == (3, (2,), 2)
+    text = stepwatch.render(loaded)
+    assert "2 of 3 ranks" in text and "missing: rank 2" in text and "straggler: rank 1" in text
+    assert stepwatch.render(loaded, "html").startswith("<!doctype html>")
+    again = tmp_path / "again.json"
+    again.write_text(stepwatch.render(loaded, "json"))
+    assert stepwatch.load(again) == loaded  # the all-ranks file, as saved
+    with pytest.raises(ValueError, match="per run: render one rank's run"):
+        stepwatch.render(loaded, "csv")
+    stepwatch._saved.save_summary(runs[0], tmp_path / "one.json")
+    assert isinstance(stepwatch.load(tmp_path / "one.json"), stepwatch.Summary)
+
+
+def test_a_job_where_only_rank_0_answered_says_so(tmp_path: Path, clock: FakeClock) -> None:
+    """The gathered file of a 2-rank job whose rank 1 never answered holds one run: its report and page are
+    rank 0's, and both name the missing rank."""
+    (run,) = rank_runs(clock, [2], steps=4)
+    save_ranks([run], tmp_path / "job.json", world_size=2, missing=[1])
+    for command, out in (("report", None), ("export", "job.html")):
+        result = subprocess.run(
+            [PYTHON, "-m", "stepwatch", command, "job.json", *(["-o", out] if out else [])],
+            cwd=tmp_path,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+        shown = result.stdout if out is None else (tmp_path / out).read_text()
+        assert "missing: rank 1" in shown and "1 of 2 ranks answered" in shown

@@ -17,11 +17,13 @@ from ._autostart import auto
 from ._config import ConfigError, auto_from_env, enabled_from_env, out_from_env
 from ._recorder import Stopwatch
 from ._render import FORMATS
-from ._saved import FormatError, load_summary
+from ._saved import FormatError, load
 from ._summary import PhaseSummary, StageStats, Summary
 from ._workers import TimedTransform as timed_transform
+from .distributed import AllRanks
 
 __all__ = [
+    "AllRanks",
     "ConfigError",
     "FormatError",
     "PhaseSummary",
@@ -74,17 +76,28 @@ save = _default.save
 reset = _default.reset
 state_dict = _default.state_dict
 load_state_dict = _default.load_state_dict
-load = load_summary
 
 
-def render(run: Summary, format: str = "text") -> str:
+def render(run: Summary | AllRanks, format: str = "text") -> str:
     """Render a summary in one of the registered formats: ``text``, ``csv`` or ``tsv`` (per measurement),
-    ``json`` (the saved run), ``trace`` (Chrome / Perfetto, with ``trace_steps``), ``html`` (one page)."""
+    ``json`` (the saved run), ``trace`` (Chrome / Perfetto, with ``trace_steps``), ``html`` (one page). The
+    ranks of a job (``summary(ranks="all")``, ``load`` of an all-ranks file) render as the all-ranks report
+    (``text``), the all-ranks file (``json``), or its page or trace; per measurement, render one rank's run."""
     try:
         renderer = FORMATS[format]
     except KeyError:
         raise ValueError(f"unknown format {format!r}; choose from {', '.join(FORMATS)}") from None
-    return renderer.render(run)
+    if isinstance(run, Summary):
+        return renderer.render(run)
+    if format == "text":
+        return run.render()
+    if format == "json":
+        from ._saved import ranks_to_json
+
+        return ranks_to_json(list(run.runs), run.world_size, run.missing) + "\n"
+    if renderer.render_ranks is None:
+        raise ValueError(f"the {format} format is per run: render one rank's run (job.runs[i]) as {format}")
+    return renderer.render_ranks(run)
 
 
 if auto_from_env():

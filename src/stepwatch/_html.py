@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ._analysis import analyze
 from ._render import rates, straggler_verdict
 from ._summary import ONE_OFF, PhaseSummary, Summary
+from .distributed import missing_line
 
 if TYPE_CHECKING:
     from .distributed import AllRanks
@@ -49,6 +50,11 @@ def render_html(run: Summary | AllRanks, title: str = "run", plots: bool = True)
     if job is not None and len(job.runs) > 1:
         parts.append(_ranks(job))
         parts.append(f"<h2>rank {escape(str(summary.metadata.get('rank', 0)))}</h2>")
+    elif job is not None and job.missing:  # only one rank answered: say so, this page is that rank's
+        parts.append(
+            f'<div class="verdict"><p><strong>{escape(missing_line(job.missing))}; 1 of {job.world_size} ranks'
+            f" answered: this page is rank {escape(str(summary.metadata.get('rank', 0)))}'s</strong></p></div>"
+        )
     parts.append(_verdict(summary))
     for phase in summary.phases.values():
         parts.append(_phase(phase))
@@ -144,7 +150,7 @@ def _ranks(job: AllRanks) -> str:
     )
     straggler = report.straggler
     verdict = straggler_verdict(report)
-    missing = f"<p>missing: rank {', '.join(map(str, job.missing))} did not answer</p>" if job.missing else ""
+    missing = f"<p>{escape(missing_line(job.missing))}</p>" if job.missing else ""
     job_rate = rates(report.job_throughput) or "no counts"
     return (
         f"<h2>all ranks · {escape(report.phase)} · {len(report.ranks)} of {job.world_size} ranks</h2>"

@@ -117,6 +117,11 @@ def save_ranks(
 ) -> None:
     """Writes the runs of several ranks as one all-ranks file (the gather, ``stepwatch merge``), as
     :func:`save_summary` writes one run; ``missing``: the ranks of the job that did not answer."""
+    _write(ranks_to_json(summaries, world_size, missing), path)
+
+
+def ranks_to_json(summaries: Sequence[Summary], world_size: int | None = None, missing: Sequence[int] = ()) -> str:
+    """The all-ranks file's text: each rank's run as saved, the job's world size and the ranks missing."""
     documents = [json.loads(summary_to_json(summary)) for summary in summaries]
     document = {
         "format": RANKS_FORMAT,
@@ -125,7 +130,7 @@ def save_ranks(
         "missing": list(missing),
         "ranks": documents,
     }
-    _write(json.dumps(document, indent=1), path)
+    return json.dumps(document, indent=1)
 
 
 def _write(text: str, path: str | os.PathLike[str]) -> None:
@@ -209,6 +214,21 @@ def load_ranks(path: str | os.PathLike[str]) -> AllRanks:
     if type(world) is not int or world < len(runs) + len(missing):
         raise FormatError(path, f"corrupt all-ranks file: world_size {world!r} is fewer than its ranks")
     return AllRanks(tuple(runs), world, tuple(missing))
+
+
+def load(path: str | os.PathLike[str]) -> Summary | AllRanks:
+    """``stepwatch.load``: what ``save`` wrote: a saved run as a :class:`Summary`, an all-ranks file (``save(...,
+    ranks="all")``, ``stepwatch merge``) as :class:`~stepwatch.distributed.AllRanks`. Errors as
+    :func:`load_summary`'s."""
+    with open(path, "rb") as file:
+        raw = file.read()
+    try:
+        document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        document = None  # parse_summary says why
+    if isinstance(document, dict) and document.get("format") == RANKS_FORMAT:
+        return load_ranks(path)
+    return parse_summary(raw, path)
 
 
 def load_summary(path: str | os.PathLike[str]) -> Summary:

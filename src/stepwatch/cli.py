@@ -142,18 +142,22 @@ def _load_runs(paths: list[str]) -> list[Summary] | None:
 def _report_ranks(paths: list[str]) -> int:
     """The report of one run, else the all-ranks report of an all-ranks file or of one run per rank (merged
     offline)."""
-    from .distributed import AllRanks
+    from .distributed import AllRanks, missing_line
 
     jobs = _load_jobs(paths)
     if jobs is None:
         return 2
     runs = tuple(run for job in jobs for run in job.runs)
+    missing = tuple(rank for job in jobs for rank in job.missing)
     if len(runs) == 1:
         sys.stdout.write(FORMATS["text"].render(runs[0]))
+        if missing:  # a job where only this rank answered
+            world = max(job.world_size for job in jobs)
+            sys.stdout.write(f"{missing_line(missing)} (1 of {world} ranks answered: this report is one rank's)\n")
         return 0
     worlds = [job.world_size for job in jobs] + [run.metadata.get("world_size") for run in runs]
     world = max([len(runs), *(size for size in worlds if type(size) is int)])
-    job = AllRanks(runs, world, tuple(rank for job in jobs for rank in job.missing))
+    job = AllRanks(runs, world, missing)
     try:
         job.report()
     except ValueError as error:
@@ -275,9 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as error:
             print(f"stepwatch: {args.file}: {error}", file=sys.stderr)
             return 2
-    if len(runs) == 1:
+    if len(runs) == 1 and not (job.missing and chosen.render_ranks is not None):
         text = chosen.render(runs[0])
-    elif chosen.render_ranks is not None:
+    elif chosen.render_ranks is not None:  # several ranks, or one that answered for a job of several
         text = chosen.render_ranks(job)
     else:
         print(

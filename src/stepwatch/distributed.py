@@ -21,7 +21,7 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,14 @@ RANK_FIELD = "{rank}"
 GATHER_TIMEOUT = 30.0
 """Seconds rank 0 waits in all for the other ranks' summaries (``STEPWATCH_GATHER_TIMEOUT`` replaces it)."""
 _PREFIX = "stepwatch"
+
+
+def missing_line(missing: Sequence[int]) -> str:
+    """The line naming the ranks of a job that did not answer the gather."""
+    return (
+        f"missing: rank {', '.join(map(str, missing))}: no answer in time (a rank's own run file, if it wrote"
+        " one, has its figures)"
+    )
 
 
 @dataclass(frozen=True)
@@ -63,10 +71,7 @@ class AllRanks:
         except ValueError as error:  # no rank measured a step of the phase
             text = f"stepwatch · all ranks: {error}\n"
         if self.missing:
-            text += (
-                f"missing: rank {', '.join(map(str, self.missing))}: no answer in time (a rank's own run file, if"
-                " it wrote one, has its figures)\n"
-            )
+            text += missing_line(self.missing) + "\n"
         return text
 
     def save(self, path: str | os.PathLike[str]) -> None:
