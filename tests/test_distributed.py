@@ -413,7 +413,7 @@ def test_gather_outside_a_job_and_bad_arguments(
     alone = sw.summary(ranks="all")
     assert alone is not None and alone.world_size == 1 and len(alone.runs) == 1 and not alone.missing
     assert alone.runs[0].main_phase.steps == 2
-    for timeout in (-1, float("nan"), float("inf"), "5"):
+    for timeout in (-1, float("nan"), float("inf"), "5", 1e15, True):
         with pytest.raises(ValueError, match="timeout must be a number of seconds"):
             sw.summary(ranks="all", timeout=timeout)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="ranks must be 'all' or None"):
@@ -422,6 +422,8 @@ def test_gather_outside_a_job_and_bad_arguments(
     assert gather_timeout() == 30.0 and "STEPWATCH_GATHER_TIMEOUT='soon' is not a number of seconds" in caplog.text
     monkeypatch.setenv("STEPWATCH_GATHER_TIMEOUT", "2.5")
     assert gather_timeout() == 2.5
+    monkeypatch.setenv("STEPWATCH_GATHER_TIMEOUT", "1e15")  # once overflowed the store's wait: 0 s waited
+    assert gather_timeout() == 86_400.0 and "is more than a day; waiting at most 86400 s" in caplog.text
 
 
 def test_export_and_plot_refuse_all_ranks_files_report_refuses(tmp_path: Path, clock: FakeClock) -> None:

@@ -37,6 +37,9 @@ RANK_FIELD = "{rank}"
 GATHER_TIMEOUT = 30.0
 """Seconds rank 0 waits in all for the other ranks' summaries (``STEPWATCH_GATHER_TIMEOUT`` replaces it)."""
 _PREFIX = "stepwatch"
+MAX_GATHER_TIMEOUT = 86_400.0
+"""The longest rank 0 waits for the others, in seconds (a day): longer is a hang, and the store's own clock
+overflows far before ``1e15``."""
 
 
 def missing_line(missing: Sequence[int]) -> str:
@@ -206,8 +209,10 @@ def gather(
     ``windows`` also sends each stage's recent measurements (for per-rank percentiles) and the timeline of
     recent steps when kept, which the figures of the all-ranks report do not need."""
     global _gathers
-    if timeout is not None and not (isinstance(timeout, (int, float)) and 0 <= timeout < float("inf")):
-        raise ValueError(f"timeout must be a number of seconds, 0 or more, got {timeout!r}")
+    if timeout is not None and not (
+        isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 <= timeout <= MAX_GATHER_TIMEOUT
+    ):
+        raise ValueError(f"timeout must be a number of seconds from 0 to {MAX_GATHER_TIMEOUT:g}, got {timeout!r}")
     info = rank_info()
     if info is None or info["world_size"] <= 1:
         return AllRanks((summary,), 1)
@@ -264,8 +269,13 @@ def gather_timeout() -> float:
         value = float(raw) if raw else GATHER_TIMEOUT
     except ValueError:
         value = -1.0
-    if 0 <= value < float("inf"):
+    if 0 <= value <= MAX_GATHER_TIMEOUT:
         return value
+    if MAX_GATHER_TIMEOUT < value < float("inf") or value == float("inf"):
+        logger.warning(
+            "stepwatch: STEPWATCH_GATHER_TIMEOUT=%r is more than a day; waiting at most %g s", raw, MAX_GATHER_TIMEOUT
+        )
+        return MAX_GATHER_TIMEOUT
     logger.warning("stepwatch: STEPWATCH_GATHER_TIMEOUT=%r is not a number of seconds; using %g", raw, GATHER_TIMEOUT)
     return GATHER_TIMEOUT
 
