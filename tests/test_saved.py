@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 import stepwatch
 from stepwatch import FormatError, Stopwatch
 
-from .conftest import FakeClock
+from .conftest import PYTHON, FakeClock, subprocess_env
 
 
 def recorded(clock: FakeClock) -> Stopwatch:
@@ -203,3 +205,28 @@ def test_saving_to_a_symlink_writes_its_target(tmp_path: Path, clock: FakeClock)
     assert link.is_symlink()
     assert stepwatch.load(target).stages
     assert not [p for p in target.parent.iterdir() if p.name.startswith(".stepwatch-")]
+
+
+def test_what_save_writes_load_reads(tmp_path: Path) -> None:
+    """A rank from the environment beyond what a run may hold is not a rank (the run was saved, then refused by
+    load); and save checks the same schema load does, refusing before it writes."""
+    result = subprocess.run(
+        [PYTHON, "-c", "import stepwatch\nfor _ in stepwatch.timed_iter(range(3)):\n    pass\n"],
+        env=subprocess_env(
+            STEPWATCH="1", STEPWATCH_OUT=str(tmp_path / "r.json"), RANK="3000000000", WORLD_SIZE="4000000000"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = stepwatch.load(tmp_path / "r.json")
+    assert loaded.metadata["rank"] is None and loaded.main_phase.steps == 2
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(3)):
+        pass
+    bad = dataclasses.replace(sw.summary(), metadata={**sw.summary().metadata, "world_size": 2**40})
+    with pytest.raises(ValueError, match=r"metadata\.world_size"):
+        stepwatch._saved.save_summary(bad, tmp_path / "bad.json")
+    assert not (tmp_path / "bad.json").exists()

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
 from typing import TYPE_CHECKING, Any
 
+from ._schema import check_run
 from ._summary import Summary
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ def summary_to_json(summary: Summary) -> str:
     from ._analysis import analyze
 
     document = {"format": FORMAT, "schema": SCHEMA, **summary.to_dict(), "verdict": analyze(summary).to_dict()}
+    check_run(document)  # what is saved is what load reads: the same schema, checked before writing
     return json.dumps(document, indent=1, allow_nan=False)
 
 

@@ -22,6 +22,10 @@ NUMBER_MAX = sys.float_info.max
 OTHER = "other"
 
 
+MAX_RANKS = 2**31
+"""The largest rank or world size a run may name (what the environment says beyond it is not a rank)."""
+
+
 class SchemaError(ValueError):
     """Where a run's data breaks the schema: ``str()`` is ``<field path>: <what is wrong>``."""
 
@@ -169,7 +173,7 @@ def check_metadata(data: Any) -> None:
     _optional_int(data.get("dropped_blocks"), "metadata.dropped_blocks")
     _str(data.get("auto"), "metadata.auto")
     for key in ("rank", "local_rank", "world_size"):
-        _optional_int(data.get(key), f"metadata.{key}", 0, 2**31)
+        _optional_int(data.get(key), f"metadata.{key}", 0, MAX_RANKS)
     for phase, config in _dict(data.get("loaders") or {}, "metadata.loaders").items():
         for key, value in _dict(config, f"metadata.loaders.{phase}").items():
             if value is not None and not isinstance(value, (bool, int, str)):

@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._schema import MAX_RANKS
+
 if TYPE_CHECKING:
     from ._ranks import RanksReport
     from ._summary import StageStats, Summary
@@ -127,7 +129,7 @@ def rank_info() -> dict[str, int] | None:
     if _job is not None and _job.pid == os.getpid():
         return dict(_job.info)
     env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
-    if env_rank is None or env_world is None:
+    if env_rank is None or env_world is None or env_rank >= env_world:
         return None
     local = _env_int("LOCAL_RANK")
     return {"rank": env_rank, "local_rank": env_rank if local is None else local, "world_size": env_world}
@@ -340,4 +342,4 @@ def _env_int(name: str) -> int | None:
         value = int(raw) if raw else None
     except ValueError:
         return None
-    return value if value is None or value >= 0 else None
+    return value if value is None or 0 <= value <= MAX_RANKS else None  # else not understood: not a rank
