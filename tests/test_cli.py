@@ -122,7 +122,18 @@ def test_unknown_stage_is_an_error_with_or_without_the_gate(saved: Path, capsys:
 
 
 @pytest.mark.parametrize(
-    "field", ['"loop_ns": 1e400', f'"window": {10**30}', '"cpu_count": "x"', '"elapsed": NaN', '"devices": 5']
+    "field",
+    [
+        '"loop_ns": 1e400',
+        f'"window": {10**30}',
+        '"cpu_count": "x"',
+        '"elapsed": NaN',
+        '"devices": 5',
+        # terminal escapes and forged lines: clear the screen, set the title, print a fake verdict
+        '"auto": "\\u001b[2J\\u001b[Hverdict: all good"',
+        '"device_error": "oops\\nverdict: compute-bound"',
+        '"devices": ["\\u001b]0;pwned\\u0007cuda:0"]',
+    ],
 )
 def test_crafted_file_is_one_line_and_exit_2_from_every_command(
     saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str

@@ -231,7 +231,7 @@ def test_a_failing_device_does_not_cost_the_cpu_figures(clock: FakeClock, tmp_pa
     train(sw, device, clock, 5, load_ns=0, fwd=100 * MS, bwd=100 * MS)  # events still pending
 
     def broken() -> None:
-        raise RuntimeError("CUDA error: device-side assert triggered\nmore")
+        raise RuntimeError("CUDA error: \x1b[2Jdevice-side assert triggered\nmore")  # an escape, a 2nd line
 
     device.synchronize = broken  # type: ignore[method-assign]
     sw.save(tmp_path / "run.json")
@@ -239,6 +239,7 @@ def test_a_failing_device_does_not_cost_the_cpu_figures(clock: FakeClock, tmp_pa
     assert loaded.stages["step/forward"].calls == 4  # wall times kept
     assert loaded.stages["step/forward"].device is None  # device times were pending: dropped
     assert "device failed" in stepwatch.render(loaded) and "device-side assert" in stepwatch.render(loaded)
+    assert loaded.metadata["device_error"] == "RuntimeError: CUDA error: ?[2Jdevice-side assert triggered"
 
 
 # -- host-bound detection on a stream that runs in real time -------------------------------------------------

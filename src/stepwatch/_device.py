@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ._schema import printable
+
 MAX_PENDING = 4096
 """Stage measurements whose events may wait unresolved before one synchronize drains them."""
 MAX_OUT_OF_MEMORY = 32
@@ -272,7 +274,13 @@ class DeviceTimer:
             message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             backend = self.backend
             self.out_of_memory.append(
-                OutOfMemory(phase, stage, backend.memory_allocated(), backend.memory_reserved(), message[:300])
+                OutOfMemory(
+                    printable(phase),
+                    printable(stage),
+                    backend.memory_allocated(),
+                    backend.memory_reserved(),
+                    printable(message[:300]),
+                )
             )
 
     def loop_finished(self, loop: _Loop) -> None:
@@ -299,7 +307,8 @@ class DeviceTimer:
             self.backend.synchronize()
         except Exception as error:  # a broken device (a device-side assert) must not cost the CPU figures
             self.dropped += len(self._pending)
-            self.error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            self.error = printable(f"{type(error).__name__}: {first}")
             self._pending.clear()
             return
         pending = self._pending

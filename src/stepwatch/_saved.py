@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
 from typing import TYPE_CHECKING, Any
 
-from ._schema import check_run
+from ._schema import check_run, printable
 from ._summary import Summary
 
 if TYPE_CHECKING:
@@ -58,9 +58,10 @@ def detect_devices() -> list[str]:
 
 
 def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
+    """The run's metadata; every string from outside stepwatch made printable (see ``_schema.printable``)."""
     started = stopwatch._started_wall
     schedule = stopwatch.schedule
-    return {
+    metadata: dict[str, Any] = {
         "stepwatch": package_version("stepwatch"),
         "python": platform.python_version(),
         "torch": package_version("torch"),
@@ -86,6 +87,11 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "auto": None if stopwatch._describe_auto is None else stopwatch._describe_auto(),
         **_ranks(),
     }
+    for key, value in metadata.items():
+        if isinstance(value, str):
+            metadata[key] = printable(value)
+    metadata["devices"] = [printable(str(device)) for device in metadata["devices"]]
+    return metadata
 
 
 def _ranks() -> dict[str, int | None]:

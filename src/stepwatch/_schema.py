@@ -72,11 +72,20 @@ def _number(value: Any, where: str, low: float = -NUMBER_MAX, high: float = NUMB
     return float(value)
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (escapes, newlines, other controls) replaced by
+    ``?``: what stepwatch records from outside (devices, errors, what auto-instrumentation found) before it is
+    saved, so that no report can be made to clear a screen or forge a line."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
 def _str(value: Any, where: str, optional: bool = True) -> None:
     if value is None and optional:
         return
     if not isinstance(value, str):
         raise _fail(where, f"must be a string, got {type(value).__name__}")
+    if not value.isprintable():  # a terminal escape or a newline would act on, or forge, the report's lines
+        raise _fail(where, f"must not contain control characters, got {value[:60]!r}")
 
 
 def _name(value: Any, where: str) -> None:
@@ -170,6 +179,8 @@ def check_metadata(data: Any) -> None:
     devices = data.get("devices", [])
     if not isinstance(devices, list) or not all(isinstance(device, str) for device in devices):
         raise _fail("metadata.devices", "must be a list of strings")
+    for index, device in enumerate(devices):
+        _str(device, f"metadata.devices[{index}]")
     _optional_int(data.get("dropped_blocks"), "metadata.dropped_blocks")
     _str(data.get("auto"), "metadata.auto")
     for key in ("rank", "local_rank", "world_size"):
