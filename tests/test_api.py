@@ -10,6 +10,7 @@ import stepwatch
 from .conftest import PYTHON, subprocess_env
 
 PUBLIC = {
+    "AllRanks",  # what load() returns for an all-ranks file, and summary(ranks="all") on rank 0
     "ConfigError",
     "FormatError",
     "PhaseSummary",
@@ -71,6 +72,9 @@ def test_render_rejects_unknown_format() -> None:
 
 def test_missing_extras_name_what_to_install() -> None:
     from unittest.mock import patch
+
+    import numpy  # noqa: F401  imported before patch.dict, whose restore would drop it: numpy cannot load twice
+    import torch  # noqa: F401
 
     from stepwatch import demo
     from stepwatch._device import TorchDevice

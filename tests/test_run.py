@@ -336,3 +336,20 @@ def test_a_mingpt_shaped_trainer_with_waiting_workers_is_advised_more_workers(tm
     faster = json.loads((tmp_path / "own4.json").read_text())["iterations"][5:]
     slower = own["iterations"][5:]
     assert sum(faster) / len(faster) < 0.75 * sum(slower) / len(slower)
+
+
+@pytest.mark.parametrize("out", ["folder", "/proc/stepwatch-x.json", ""])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_program_runs(tmp_path: Path, out: str) -> None:
+    """A folder, a place where no file can be made, or an empty path: one line and exit 2 before the program
+    starts (it used to run whole, then lose its run at exit with exit code 0)."""
+    (tmp_path / "folder").mkdir()
+    script = tmp_path / "train.py"
+    script.write_text("print('the program ran')\n")
+    result = run(["-m", "stepwatch", "run", "-o", out, str(script)], tmp_path)
+    assert result.returncode == 2 and "the program ran" not in result.stdout
+    assert result.stderr.startswith("stepwatch run: ") and len(result.stderr.strip().splitlines()) == 1
+    plain = run(["-c", "import stepwatch"], tmp_path, STEPWATCH="1", STEPWATCH_OUT=out or "folder")
+    assert plain.returncode == 1 and "ConfigError: STEPWATCH_OUT=" in plain.stderr
+    auto = run([str(script)], tmp_path, STEPWATCH="auto", STEPWATCH_OUT=out or "folder")
+    assert auto.returncode == 0 and "the program ran" in auto.stdout  # the program runs, unrecorded: said once
+    assert auto.stderr.count("not recording") == 1 and len(auto.stderr.strip().splitlines()) == 1

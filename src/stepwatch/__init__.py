@@ -105,4 +105,7 @@ if auto_from_env():
 
     start_from_env()
 elif enabled_from_env():
-    _default.enable(out=out_from_env())
+    try:
+        _default.enable(out=out_from_env())
+    except ValueError as _error:  # an unwritable STEPWATCH_OUT: said at start, not after the run
+        raise ConfigError(f"STEPWATCH_OUT={out_from_env()!r}: {_error}") from None

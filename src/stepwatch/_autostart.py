@@ -124,10 +124,15 @@ def start_from_env() -> None:
     (else a file named after the program) and print the report when it ends. A process that records
     nothing (a helper launched with the variable inherited) writes nothing."""
     from . import _autosave, _default
-    from ._config import out_from_env
+    from ._config import OUT_VARIABLE, out_from_env
 
-    out = out_from_env() or run_file(*_main_program())
-    _default.enable(out=out)
+    named = out_from_env()
+    try:
+        _default.enable(out=named or run_file(*_main_program()))
+    except ValueError as error:  # said now, in one line, not after the run; the program runs unrecorded
+        where = f"{OUT_VARIABLE}={named!r}" if named is not None else "the default run file"
+        sys.stderr.write(f"stepwatch: {where}: {error}; not recording (set {OUT_VARIABLE} to a writable file)\n")
+        return
     _autosave.install(_default, report=True, skip_empty=True)
     auto()
 

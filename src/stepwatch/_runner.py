@@ -93,7 +93,7 @@ def main(arguments: Sequence[str]) -> int:
         if args.trace_steps is not None:
             _default._keep_trace(args.trace_steps)
         _default.enable(
-            out=args.out or run_file(target, module=args.module is not None),
+            out=args.out if args.out is not None else run_file(target, module=args.module is not None),
             warmup=args.warmup,
             active=args.active,
             every=args.every,

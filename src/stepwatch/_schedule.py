@@ -6,9 +6,11 @@ value that would only fail later, inside the training loop, fails at once with a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
+import tempfile
 from dataclasses import dataclass
 
 MAX_WINDOW = 1_000_000
@@ -85,4 +87,26 @@ def out_path(out: str | os.PathLike[str]) -> str:
         raise ValueError(f"out must be a path, got {out!r}") from None
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"out must be a non-empty path, got {out!r}")
-    return os.path.abspath(os.path.expanduser(path))
+    resolved = os.path.abspath(os.path.expanduser(path))
+    check_writable(resolved)
+    return resolved
+
+
+def check_writable(path: str) -> None:
+    """Refuses, now rather than at the end of a long run, a path the run cannot be saved to: a folder, or a
+    place where no file can be made (a read-only or missing device, ``/proc``). A missing folder is fine:
+    saving makes it. Probed by making, and removing, a file beside it."""
+    if os.path.isdir(path):
+        raise ValueError(f"out {path} is a folder: give a file name, e.g. {os.path.join(path, 'run.json')}")
+    existing = os.path.dirname(path)
+    while existing and not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing or "."):
+        raise ValueError(f"cannot save to {path}: {existing} is not a folder")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".stepwatch-probe-", dir=existing or ".")
+    except OSError as error:
+        raise ValueError(f"cannot save to {path}: {error.strerror or error}") from None
+    os.close(handle)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
