@@ -108,7 +108,8 @@ def test_with_workers_the_pipeline_comes_back_from_inside_them_and_the_advice_re
     dataset = train.stages["loader/dataset"]
     assert dataset.in_workers and train.stages["loader/collate"].in_workers
     assert dataset.mean >= busy_s  # each read busy-waits 2 ms in a worker (a lower bound: preemption)
-    assert sorted(train.workers) == [0, 1] and all(w.cpu_share > 0.5 for w in train.workers.values())
+    # busy-waits: on the CPU, or waiting for a core when the machine is busy (never waiting on I/O)
+    assert sorted(train.workers) == [0, 1] and all(w.needs_core_share > 0.8 for w in train.workers.values())
     assert summary.metadata["loaders"]["val"]["num_workers"] == 2
     assert not any("(now 0)" in advice for advice in summary.verdict.advice), summary.verdict.advice
     loader = attachment.loader_of["train"]  # the torch DataLoader inside Accelerate's wrapper, put back
