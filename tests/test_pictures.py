@@ -335,3 +335,41 @@ def test_names_with_dollars_and_underscores_are_drawn_literally(tmp_path: Path) 
         )
         assert result.returncode == 0, result.stderr
         assert (tmp_path / out).stat().st_size > 1000
+
+
+def test_many_stages_and_many_ranks_are_folded_in_pictures_and_pages(clock: FakeClock) -> None:
+    """10,000 stages (the documented cap) and 200 ranks: the largest are drawn and the rest folded into one
+    part, one row, one bar or one line, so pictures stay under 2,000 px tall and legends fit."""
+    sw = stepwatch.Stopwatch(clock=clock)
+    sw.enable()
+    for step in sw.timed_iter(range(3)):
+        if step == 0:
+            continue  # the one-off first step: the stages are made in the steady state
+        for index in range(9_990):
+            with sw.timed(f"batch_{index}"):
+                clock.advance(1_000 + index)  # batch_9989 is the largest
+    many = sw.summary()
+    assert len(many.main_phase.stages) > 9_990
+    figure = _plot.run_figure(many)
+    labels = figure.axes[0].get_legend_handles_labels()[1]
+    assert len(labels) == _plot.MAX_PARTS and _plot.FOLDED in labels and "step/batch_9989" in labels
+    _plot.pyplot().close(figure)
+    comparison = _plot.comparison_figure(many, many, "a", "b")
+    height = comparison.get_size_inches()[1] * 110  # the dpi pictures are saved at
+    ticks = [label.get_text() for label in comparison.axes[0].get_yticklabels()]
+    assert height < 2000 and len(ticks) == _plot.MAX_ROWS and ticks[0].endswith("smaller stages (not drawn)")
+    _plot.pyplot().close(comparison)
+    page = render_html(many, "many.json", plots=False)
+    parser = Tables()
+    parser.feed(page)
+    rows = [r for table, rows in parser.tables if table.get("class") == "stages" for r in rows if r[0]]
+    assert len(rows) <= 201 and "smaller stages, folded" in page and 'data-path="step/batch_9989"' in page
+
+    job = AllRanks(tuple(rank_runs(clock, [2] * 199 + [9], steps=4)), 200)
+    figure = _plot.run_figure(job)
+    left, middle = figure.axes[0], figure.axes[1]
+    bars = [tick.get_text() for tick in left.get_xticklabels()]
+    assert len(bars) == _plot.MAX_RANKS and "rank 199" in bars and bars[-1] == "185 other ranks (mean)"
+    lines = [line.get_label() for line in middle.lines]
+    assert len(lines) == _plot.MAX_LINES and "rank 199" in lines and lines[-1].startswith("193 other ranks")
+    _plot.pyplot().close(figure)

@@ -85,10 +85,34 @@ def _cell(value: float, scale: float = 1e3, digits: int = 3) -> str:
     return "-" if value is None or math.isnan(value) else f"{value * scale:.{digits}f}"
 
 
+MAX_TABLE_ROWS = 200
+"""Stage rows in a phase's table; past it the largest are shown (with their parents) and one row says how
+many are folded, so that a run of 10,000 stages gives a page a browser opens."""
+
+
+def shown_stages(phase: PhaseSummary, limit: int = MAX_TABLE_ROWS) -> tuple[list[str], int, float]:
+    """The paths of the rows shown, in the report's order: all, or the ``limit`` largest by total time with
+    their parents; and how many were left out, and their total seconds (the fold row)."""
+    paths = list(phase.stages)
+    if len(paths) <= limit:
+        return paths, 0, 0.0
+    chosen: set[str] = set()
+    for path in sorted(paths, key=lambda p: -phase.stages[p].total_ns):
+        needed = [path] + [path.rsplit("/", k)[0] for k in range(1, path.count("/") + 1)]
+        new = [p for p in needed if p not in chosen]
+        if len(chosen) + len(new) > limit:
+            break
+        chosen.update(new)
+    left_out = [p for p in paths if p not in chosen]
+    return [p for p in paths if p in chosen], len(left_out), sum(phase.stages[p].total for p in left_out)
+
+
 def _phase(phase: PhaseSummary) -> str:
     throughput = rates(phase.throughput)
     rows = []
-    for path, stage in phase.stages.items():
+    paths, folded, folded_s = shown_stages(phase)
+    for path in paths:
+        stage = phase.stages[path]
         one_off = path.split("/", 1)[0] in ONE_OFF
         share = phase.share(path)
         marker = " [w]" if stage.in_workers else ""
@@ -98,6 +122,11 @@ def _phase(phase: PhaseSummary) -> str:
             f"<td>{stage.calls}</td><td>{stage.total:.4f}</td><td>{_cell(stage.mean)}</td>"
             f"<td>{_cell(stage.std)}</td><td>{_cell(stage.p50)}</td><td>{_cell(stage.p90)}</td>"
             f"<td>{_cell(stage.p99)}</td><td>{_cell(share, 100, 1)}</td></tr>"
+        )
+    if folded:
+        rows.append(
+            f'<tr class="folded"><td>{folded:,} smaller stages, folded</td><td></td><td>{folded_s:.4f}</td>'
+            '<td colspan="6">the largest are shown above with their parents; stepwatch report lists them all</td></tr>'
         )
     table = (
         f'<table class="stages" data-phase="{escape(phase.name)}"><tr><th>stage</th><th>calls</th><th>total s</th>'

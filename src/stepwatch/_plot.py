@@ -60,21 +60,62 @@ def pyplot() -> Any:
     return plt
 
 
+MAX_PARTS = 12
+"""Parts of a step drawn in a bar; past it the smallest are folded into one (a run of 10,000 stages)."""
+MAX_ROWS = 30
+"""Stages drawn in a comparison; past it the smallest are folded into one row."""
+MAX_RANKS = 16
+"""Ranks drawn apart; past it the slowest are kept and the others folded into one (a job of 2,000 ranks)."""
+MAX_LINES = 8
+"""Ranks drawn as lines over time; past it the slowest and one line for the others."""
+FOLDED = "smaller stages, folded"
+FOLDED_COLOR = "#C8C8C8"
+
+
 def breakdown(phase: PhaseSummary) -> dict[str, float]:
     """Seconds per step of the loop's parts: the wait, then each part of the step (its top-level blocks and
-    ``other``), in recording order; empty without steps."""
+    ``other``), in recording order, the smallest folded into :data:`FOLDED` past :data:`MAX_PARTS`; empty
+    without steps."""
     if not phase.steps:
         return {}
+    parents = {path.rsplit("/", 1)[0] for path in phase.stages if "/" in path}
     parts: dict[str, float] = {}
     for path, stage in phase.stages.items():
         top = path.split("/", 1)[0]
         if top in ONE_OFF or stage.in_workers:
             continue
         depth = path.count("/")
-        has_children = any(other.startswith(f"{path}/") for other in phase.stages)
-        if (depth == 0 and (top != "step" or not has_children)) or (depth == 1 and top == "step"):
+        if (depth == 0 and (top != "step" or path not in parents)) or (depth == 1 and top == "step"):
             parts[path] = stage.total / phase.steps
-    return parts
+    return fold_smallest(parts, MAX_PARTS)
+
+
+def fold_smallest(parts: dict[str, float], limit: int) -> dict[str, float]:
+    """``parts`` as they are if at most ``limit``; else the ``limit - 1`` largest, in their order, and the
+    rest summed into :data:`FOLDED`."""
+    if len(parts) <= limit:
+        return parts
+    kept = set(sorted(parts, key=lambda path: -parts[path])[: limit - 1])
+    folded = {path: value for path, value in parts.items() if path in kept}
+    folded[FOLDED] = sum(value for path, value in parts.items() if path not in kept)
+    return folded
+
+
+def _fold_ranks(bars: dict[str, PhaseSummary]) -> tuple[dict[str, dict[str, float]], int]:
+    """Each rank's breakdown; past :data:`MAX_RANKS`, the slowest ranks and one bar for the others (their
+    mean breakdown). Returns the bars and how many ranks were folded."""
+    shown = {label: breakdown(phase) for label, phase in bars.items()}
+    if len(shown) <= MAX_RANKS:
+        return shown, 0
+    by_time = sorted(shown, key=lambda label: -sum(shown[label].values()))
+    kept, rest = by_time[: MAX_RANKS - 1], by_time[MAX_RANKS - 1 :]
+    mean: dict[str, float] = {}
+    for label in rest:
+        for part, value in shown[label].items():
+            mean[part] = mean.get(part, 0.0) + value / len(rest)
+    folded = {label: shown[label] for label in shown if label in set(kept)}
+    folded[f"{len(rest)} other ranks (mean)"] = mean
+    return folded, len(rest)
 
 
 def run_figure(run: Summary | AllRanks, title: str = "") -> Any:
@@ -90,7 +131,10 @@ def run_figure(run: Summary | AllRanks, title: str = "") -> Any:
     else:
         bars = {name: phase for name, phase in main_first(runs[0]).items() if phase.steps}
         left.set_title("time per step by phase")
-    _stacked(left, {label: breakdown(phase) for label, phase in bars.items()})
+    stacked, folded_ranks = _fold_ranks(bars) if len(runs) > 1 else ({k: breakdown(p) for k, p in bars.items()}, 0)
+    if folded_ranks:
+        left.set_title(literal(f"time per step by rank ({main.name}): the {MAX_RANKS - 1} slowest"))
+    _stacked(left, stacked)
     _over_time(middle, runs)
     _workers(right, runs[0].phases.get(main.name, main))
     if title:
@@ -106,8 +150,14 @@ def comparison_figure(before: Summary, after: Summary, before_name: str, after_n
     plt = pyplot()
     phases = common_phases(before, after)
     comparison = compare(before, after, phases[0] if phases else None)
-    changes = [c for c in comparison.stages if c.path.split("/", 1)[0] not in ONE_OFF][::-1]
-    figure, axes = plt.subplots(figsize=(10, 1.2 + 0.42 * max(len(changes), 1)))
+    changes = [c for c in comparison.stages if c.path.split("/", 1)[0] not in ONE_OFF]
+    folded = 0
+    if len(changes) > MAX_ROWS:  # the largest stages, in their order, and one row saying how many are left out
+        largest = set(sorted(changes, key=lambda c: -max(c.before or 0, c.after or 0))[: MAX_ROWS - 1])
+        folded = len(changes) - len(largest)
+        changes = [c for c in changes if c in largest]
+    changes = changes[::-1]
+    figure, axes = plt.subplots(figsize=(10, 1.2 + 0.42 * max(len(changes) + bool(folded), 1)))
     positions = range(len(changes))
     height = 0.38
     axes.barh(
@@ -124,7 +174,11 @@ def comparison_figure(before: Summary, after: Summary, before_name: str, after_n
         label=literal(after_name),
         color=COLORS[1],
     )
-    axes.set_yticks(list(positions), [literal(c.path) for c in changes])
+    labels = [literal(c.path) for c in changes]
+    if folded:
+        labels = [f"{folded:,} smaller stages (not drawn)", *labels]
+        positions = range(-1, len(changes))
+    axes.set_yticks(list(positions), labels)
     axes.set_xlabel("ms per call")
     step = comparison.step
     headline = f"phase {literal(comparison.phase)}: time per step"
@@ -180,7 +234,8 @@ def _stacked(axes: Any, bars: dict[str, dict[str, float]]) -> None:
     bottoms = [0.0] * len(labels)
     for part in parts:
         heights = [bars[label].get(part, 0.0) * MS for label in labels]
-        axes.bar(shown, heights, bottom=bottoms, label=literal(part), color=stage_color(part), width=0.6)
+        color = FOLDED_COLOR if part == FOLDED else stage_color(part)
+        axes.bar(shown, heights, bottom=bottoms, label=literal(part), color=color, width=0.6)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     axes.set_ylabel("ms per step")
     if parts:  # below the bars, which it would otherwise hide
@@ -197,7 +252,15 @@ def _over_time(axes: Any, runs: Sequence[Summary]) -> None:
     axes.set_title("time per step over the recent steps")
     drawn = False
     windowless: list[tuple[int, Summary]] = []
-    for index, run in enumerate(runs):
+    others: list[Summary] = []
+    if len(runs) > MAX_LINES:  # the slowest ranks, and the others as one line: a legend that fits
+        means = {i: _mean_step(run) for i, run in enumerate(runs)}
+        kept = set(sorted(means, key=lambda i: -means[i])[: MAX_LINES - 1])
+        others = [run for i, run in enumerate(runs) if i not in kept and run.main_phase.steps]
+        runs_drawn = [(i, run) for i, run in enumerate(runs) if i in kept]
+    else:
+        runs_drawn = list(enumerate(runs))
+    for index, run in runs_drawn:
         phase = run.main_phase
         wait = phase.stages.get("loader")
         body = phase.stages.get("step")
@@ -225,6 +288,18 @@ def _over_time(axes: Any, runs: Sequence[Summary]) -> None:
                 color=stage_color("loader"),
             )
         drawn = True
+    if others:
+        median = sorted(_mean_step(run) for run in others)[len(others) // 2]
+        last = max(run.main_phase.steps for run in others)
+        axes.plot(
+            [max(last - 50, 1), last],
+            [median * MS] * 2,
+            linewidth=1.5,
+            linestyle=":",
+            label=f"{len(others)} other ranks (median of their means)",
+            color="#555555",
+        )
+        drawn = True
     for index, run in windowless:
         phase = run.main_phase
         last = max(phase.steps, 1)
@@ -245,6 +320,11 @@ def _over_time(axes: Any, runs: Sequence[Summary]) -> None:
     else:
         axes.text(0.5, 0.5, "no loop measured", ha="center", va="center", transform=axes.transAxes)
     axes.grid(alpha=0.3)
+
+
+def _mean_step(run: Summary) -> float:
+    phase = run.main_phase
+    return phase.measured / phase.steps if phase.steps else 0.0
 
 
 def _workers(axes: Any, phase: PhaseSummary) -> None:
