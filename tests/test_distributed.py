@@ -249,7 +249,7 @@ def test_merge_refuses_what_is_not_one_run_per_rank(tmp_path: Path) -> None:
     sw.save(tmp_path / "a.json")
     (tmp_path / "ranks.json").write_text('{"format": "stepwatch-ranks", "schema": 1, "ranks": []}')
     for files, message in (
-        (["a.json", "a.json", "-o", "m.json"], None),  # the same run twice has no rank: taken as ranks 0 and 1
+        (["a.json", "a.json", "-o", "m.json"], "a run of no rank"),  # not ranks 0 and 1 by position
         (["ranks.json", "-o", "m.json"], "non-empty list"),
         (["missing.json", "-o", "m.json"], "cannot read"),
     ):
@@ -260,11 +260,7 @@ def test_merge_refuses_what_is_not_one_run_per_rank(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
         )
-        if message is None:
-            assert result.returncode == 0, result.stderr
-            assert len(stepwatch._saved.load_runs(tmp_path / "m.json")) == 2
-        else:
-            assert result.returncode == 2 and message in result.stderr and "\n" not in result.stderr.strip()
+        assert result.returncode == 2 and message in result.stderr and "\n" not in result.stderr.strip()
 
 
 @pytest.mark.slow
@@ -491,3 +487,58 @@ def test_a_job_where_only_rank_0_answered_says_so(tmp_path: Path, clock: FakeClo
         assert result.returncode == 0, result.stderr
         shown = result.stdout if out is None else (tmp_path / out).read_text()
         assert "missing: rank 1" in shown and "1 of 2 ranks answered" in shown
+
+
+def test_merge_keeps_the_jobs_shape_and_refuses_mixtures(tmp_path: Path, clock: FakeClock) -> None:
+    """Ranks 0 and 1 of a 4-rank job merge as 2 of 4 (ranks 2 and 3 missing), and stay so when merged again;
+    ranks are ordered by rank, not by argument; a rank outside the world, two jobs of different sizes, or a
+    run of no rank among others is refused in one line naming the files."""
+
+    def rank_file(name: str, rank: int, world: int) -> str:
+        (run,) = rank_runs(clock, [2 + rank], steps=3)
+        run = dataclasses.replace(run, metadata={**run.metadata, "rank": rank, "world_size": world})
+        stepwatch._saved.save_summary(run, tmp_path / name)
+        return name
+
+    def merge(*files: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PYTHON, "-m", "stepwatch", "merge", *files, "-o", "m.json"],
+            cwd=tmp_path,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+        )
+
+    ten, one, zero = rank_file("r10.json", 10, 12), rank_file("r1.json", 1, 12), rank_file("r0.json", 0, 12)
+    result = merge(ten, one, zero)
+    assert result.returncode == 0 and "3 ranks of 12" in result.stderr, result.stderr
+    job = stepwatch.load(tmp_path / "m.json")
+    assert [run.metadata["rank"] for run in job.runs] == [0, 1, 10]
+    assert job.world_size == 12 and job.missing == (2, 3, 4, 5, 6, 7, 8, 9, 11)
+    (tmp_path / "m.json").rename(tmp_path / "first.json")
+    again = merge("first.json")  # merged again, its missing ranks stay
+    assert again.returncode == 0, again.stderr
+    assert stepwatch.load(tmp_path / "m.json").missing == job.missing
+    report = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "report", "first.json"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert "3 of 12 ranks" in report.stdout and "missing: rank 2, 3, 4" in report.stdout
+    stray = rank_file("r5.json", 5, 2)
+    other = rank_file("other.json", 1, 4)
+    plain = tmp_path / "plain.json"
+    stepwatch._saved.save_summary(rank_runs(clock, [2], steps=3)[0], plain)
+    lonely = stepwatch.load(plain)
+    stepwatch._saved.save_summary(dataclasses.replace(lonely, metadata={**lonely.metadata, "rank": None}), plain)
+    for files, message in (
+        ((stray,), "r5.json holds rank 5 of a job of 2 ranks"),
+        ((zero, other), "r0.json is of a job of 12 ranks, other.json of 4"),
+        ((zero, "plain.json"), "plain.json holds a run of no rank"),
+        ((zero, zero), "two runs are rank 0 (r0.json and r0.json)"),
+    ):
+        refused = merge(*files)
+        assert refused.returncode == 2 and message in refused.stderr, (files, refused.stderr)
+        assert len(refused.stderr.strip().splitlines()) == 1

@@ -142,22 +142,23 @@ def _load_runs(paths: list[str]) -> list[Summary] | None:
 def _report_ranks(paths: list[str]) -> int:
     """The report of one run, else the all-ranks report of an all-ranks file or of one run per rank (merged
     offline)."""
-    from .distributed import AllRanks, missing_line
+    from .distributed import combine_jobs, missing_line
 
     jobs = _load_jobs(paths)
     if jobs is None:
         return 2
-    runs = tuple(run for job in jobs for run in job.runs)
-    missing = tuple(rank for job in jobs for rank in job.missing)
-    if len(runs) == 1:
-        sys.stdout.write(FORMATS["text"].render(runs[0]))
-        if missing:  # a job where only this rank answered
-            world = max(job.world_size for job in jobs)
-            sys.stdout.write(f"{missing_line(missing)} (1 of {world} ranks answered: this report is one rank's)\n")
+    try:
+        job = combine_jobs(list(zip(paths, jobs, strict=True)))
+    except ValueError as error:
+        print(f"stepwatch: {error}", file=sys.stderr)
+        return 2
+    if len(job.runs) == 1:
+        sys.stdout.write(FORMATS["text"].render(job.runs[0]))
+        if job.missing:  # a job where only this rank answered
+            sys.stdout.write(
+                f"{missing_line(job.missing)} (1 of {job.world_size} ranks answered: this report is one rank's)\n"
+            )
         return 0
-    worlds = [job.world_size for job in jobs] + [run.metadata.get("world_size") for run in runs]
-    world = max([len(runs), *(size for size in worlds if type(size) is int)])
-    job = AllRanks(runs, world, missing)
     try:
         job.report()
     except ValueError as error:
@@ -168,23 +169,26 @@ def _report_ranks(paths: list[str]) -> int:
 
 
 def _merge(paths: list[str], output: str) -> int:
-    """``stepwatch merge``: one all-ranks file from the ranks' runs, checked to make an all-ranks report."""
-    from ._ranks import ranks_report
+    """``stepwatch merge``: one all-ranks file from the ranks' runs (ordered by rank, with the job's world size
+    and the ranks it lacks), checked to make an all-ranks report."""
     from ._saved import save_ranks
+    from .distributed import combine_jobs
 
-    runs = _load_runs(paths)
-    if runs is None:
+    jobs = _load_jobs(paths)
+    if jobs is None:
         return 2
     try:
-        ranks_report(runs)
-        save_ranks(runs, output)
+        job = combine_jobs(list(zip(paths, jobs, strict=True)))
+        job.report()
+        save_ranks(list(job.runs), output, job.world_size, job.missing)
     except ValueError as error:
         print(f"stepwatch: {error}", file=sys.stderr)
         return 2
     except OSError as error:
         print(f"stepwatch: {output}: cannot write: {error.strerror or error}", file=sys.stderr)
         return 2
-    print(f"stepwatch: {len(runs)} ranks merged into {output}", file=sys.stderr)
+    shape = f" of {job.world_size} (missing: rank {', '.join(map(str, job.missing))})" if job.missing else ""
+    print(f"stepwatch: {len(job.runs)} ranks{shape} merged into {output}", file=sys.stderr)
     return 0
 
 

@@ -47,9 +47,47 @@ overflows far before ``1e15``."""
 def missing_line(missing: Sequence[int]) -> str:
     """The line naming the ranks of a job that did not answer the gather."""
     return (
-        f"missing: rank {', '.join(map(str, missing))}: no answer in time (a rank's own run file, if it wrote"
-        " one, has its figures)"
+        f"missing: rank {', '.join(map(str, missing))}: no answer in time, or not among the files given (a rank's"
+        " own run file, if it wrote one, has its figures)"
     )
+
+
+def combine_jobs(named: Sequence[tuple[str, AllRanks]]) -> AllRanks:
+    """The ranks of one job from its files (per-rank run files, all-ranks files, or both), ordered by rank,
+    with the job's world size and the ranks none of them holds as missing. Raises ValueError, naming the
+    files, for a run without a rank among several, two runs of one rank, a rank outside the world, or files
+    of jobs of different sizes."""
+    runs: dict[int, tuple[str, Summary]] = {}
+    worlds: dict[int, str] = {}
+    missing: set[int] = set()
+    several = sum(len(job.runs) for _, job in named) > 1
+    for path, job in named:
+        whole = len(job.runs) > 1 or bool(job.missing)  # an all-ranks file: its world size is the job's
+        if whole:
+            worlds.setdefault(job.world_size, path)
+        missing.update(job.missing)
+        for run in job.runs:
+            rank, world = run.metadata.get("rank"), None if whole else run.metadata.get("world_size")
+            if type(rank) is not int:
+                if several:
+                    raise ValueError(f"{path} holds a run of no rank (not from a job): give the ranks' own files")
+                rank = 0
+            if type(world) is int:
+                worlds.setdefault(world, path)
+            if rank in runs:
+                raise ValueError(f"two runs are rank {rank} ({runs[rank][0]} and {path}): give one run per rank")
+            runs[rank] = (path, run)
+    if len(worlds) > 1:
+        (a, first), (b, second) = list(worlds.items())[:2]
+        raise ValueError(f"{first} is of a job of {a} ranks, {second} of {b}: give the files of one job")
+    world = next(iter(worlds), max(runs) + 1)
+    outside = [rank for rank in runs if rank >= world]
+    if outside:
+        raise ValueError(f"{runs[outside[0]][0]} holds rank {outside[0]} of a job of {world} ranks")
+    if several:  # the job's ranks that none of the files holds
+        missing |= set(range(world))
+    missing -= set(runs)
+    return AllRanks(tuple(runs[rank][1] for rank in sorted(runs)), world, tuple(sorted(missing)))
 
 
 @dataclass(frozen=True)
