@@ -252,3 +252,30 @@ def test_a_failed_write_leaves_the_file_that_was_there(saved: Path, tmp_path: Pa
     assert len(limited.stderr.strip().splitlines()) == 1
     assert target.read_bytes() == before and len(before) > 200
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".stepwatch-")] == []
+
+
+def test_compare_places_a_stage_one_run_lacks_under_its_parent(tmp_path: Path, clock: FakeClock) -> None:
+    """A stage only the later run has is listed under its parent, before that parent's ``other``, not as a
+    parentless row at the end."""
+
+    def record(path: Path, stages: tuple[str, ...]) -> None:
+        sw = Stopwatch(clock=clock)
+        sw.enable()
+        for _ in sw.timed_iter(range(3)):
+            for stage in stages:
+                with sw.timed(stage):
+                    clock.advance(1_000_000)
+        sw.save(path)
+
+    record(tmp_path / "a.json", ("forward",))
+    record(tmp_path / "b.json", ("decode", "forward"))
+    result = subprocess.run(
+        [PYTHON, "-m", "stepwatch", "compare", "a.json", "b.json"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    names = [line.split()[0] for line in result.stdout.splitlines()[2:] if line.startswith("  ")]
+    assert names.index("decode") < names.index("other") and names[-1] != "decode", result.stdout

@@ -108,6 +108,29 @@ def test_log_every_refuses_bad_arguments() -> None:
     for n in (0, -1, 1.5, True, "3"):
         with pytest.raises((ValueError, TypeError)):
             sw.log_every(n, print)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="callback must be callable, got None"):
+        sw.log_every(1, None)  # type: ignore[arg-type]  # refused now, not at step 1
+    with pytest.raises(ValueError, match=r"^every must be a positive number"):
+        tensorboard.log(type("Writer", (), {"add_scalar": print})(), every=0, stopwatch=sw)
+
+
+def test_a_validation_loop_in_a_log_every_callback_is_no_abandoned_loop(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A callback that validates runs between two training steps: its loop is its own phase's, and no
+    "left but not closed" warning names the training loop."""
+    sw = stepwatch.Stopwatch(clock=clock)
+    sw.enable()
+
+    def validate(figures: dict[str, float]) -> None:
+        for _ in sw.timed_iter(range(2), phase="val"):
+            clock.advance(MS)
+
+    sw.log_every(4, validate)
+    with caplog.at_level("WARNING", logger="stepwatch"):
+        train(sw, clock, 9)
+    assert "left (break or return) but not closed" not in caplog.text
+    assert sw.summary().phases["val"].steps == 2 * 2 - 2  # two validations of 2, each one's first step apart
 
 
 def test_tensorboard_writes_the_metrics_as_scalars(tmp_path: Path, clock: FakeClock) -> None:

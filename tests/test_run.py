@@ -353,3 +353,24 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_program_run
     auto = run([str(script)], tmp_path, STEPWATCH="auto", STEPWATCH_OUT=out or "folder")
     assert auto.returncode == 0 and "the program ran" in auto.stdout  # the program runs, unrecorded: said once
     assert auto.stderr.count("not recording") == 1 and len(auto.stderr.strip().splitlines()) == 1
+
+
+def test_a_module_that_cannot_be_found_and_an_unknown_option_are_one_line(tmp_path: Path) -> None:
+    """``stepwatch run -m script.py`` answers as ``python -m`` does, in one line and exit 1, and saves no
+    run; ``--bogus`` is an unknown option (exit 2), not a missing script."""
+    plain = run(["-m", "nosuch.py"], tmp_path)
+    watched = run(["-m", "stepwatch", "run", "-m", "nosuch.py"], tmp_path)
+    assert watched.returncode == plain.returncode == 1
+    assert len(watched.stderr.strip().splitlines()) == 1
+    assert "No module named 'nosuch'" in watched.stderr and "Try using 'nosuch'" in watched.stderr
+    assert not list(tmp_path.glob("*.json"))
+    bogus = run(["-m", "stepwatch", "run", "--bogus", "x.py"], tmp_path)
+    assert bogus.returncode == 2 and "unrecognized arguments: --bogus" in bogus.stderr
+    assert "no such file" not in bogus.stderr
+
+
+def test_stepwatch_auto_says_when_it_replaces_an_earlier_run(tmp_path: Path) -> None:
+    first = run([LM, "12"], tmp_path, STEPWATCH="auto")
+    assert first.returncode == 0 and "run saved to lm.stepwatch.json\n" in first.stderr, first.stderr
+    second = run([LM, "12"], tmp_path, STEPWATCH="auto")
+    assert "run saved to lm.stepwatch.json (it replaced the run saved there before)" in second.stderr

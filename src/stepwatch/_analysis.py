@@ -220,13 +220,35 @@ def compare(before: Summary, after: Summary, phase: str | None = None) -> Compar
         phase = common[0] if common else before.main_phase.name
     empty = PhaseSummary(phase, {}, {}, 0, 0)
     a, b = before.phases.get(phase, empty), after.phases.get(phase, empty)
-    paths = list(a.stages) + [p for p in b.stages if p not in a.stages]
+    paths = merged_order(list(a.stages), list(b.stages))
     changes = tuple(StageChange(path, _mean(a, path), _mean(b, path)) for path in paths)
     step = StageChange("time per step", _per_step(a), _per_step(b))
     units = list(a.throughput) + [u for u in b.throughput if u not in a.throughput]
     throughput = {unit: (a.throughput.get(unit), b.throughput.get(unit)) for unit in units}
     main = phase == before.main_phase.name == after.main_phase.name
     return Comparison(changes, step, throughput, (analyze(before), analyze(after)) if main else None, phase)
+
+
+def merged_order(first: list[str], second: list[str]) -> list[str]:
+    """The stage paths of two runs in one report order: the first run's, and each path only the second has
+    placed after its parent's rows (a stage one run lacks sits under its parent, not at the end)."""
+    order = list(first)
+    known = set(order)
+    for path in second:
+        if path in known:
+            continue
+        parent = path.rsplit("/", 1)[0] if "/" in path else None
+        position = len(order)
+        if parent is not None:
+            below = [i for i, other in enumerate(order) if other == parent or other.startswith(f"{parent}/")]
+            if below:
+                position = below[-1] + 1
+                # its siblings' ``other`` row stays last among them
+                if order[below[-1]] == f"{parent}/other" and not path.endswith("/other"):
+                    position = below[-1]
+        order.insert(position, path)
+        known.add(path)
+    return order
 
 
 def _mean(phase: PhaseSummary, path: str) -> float | None:

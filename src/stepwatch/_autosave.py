@@ -43,6 +43,8 @@ _owner_pid = 0
 write its stale copy of the parent's recording over the parent's file."""
 _crashed = False
 """An uncaught exception ended this process: its saves gather nothing (see :func:`save_all`)."""
+_replacing: dict[str, None] = {}
+"""Run files that held an earlier run when recording into them began."""
 
 
 def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False) -> None:
@@ -50,6 +52,8 @@ def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False
     With ``report``, its report is also printed on stderr when the program ends (once)."""
     global _hooks_installed
     _installed[id(stopwatch)] = stopwatch
+    if stopwatch.out is not None and os.path.exists(stopwatch.out):
+        _replacing[stopwatch.out] = None  # an earlier run is there: the end says it was replaced
     if report:
         _reports[id(stopwatch)] = (stopwatch, skip_empty)
     with _hooks_lock:
@@ -114,7 +118,7 @@ def _print_report(stopwatch: Stopwatch, gathered: AllRanks | None) -> None:
         text = stopwatch.report()
         written = None if stopwatch.out is None else rank_path(stopwatch.out)
         if stopwatch.out is not None and written is not None and os.path.exists(written):
-            text = end_report(text, written, gathered, stopwatch.out)
+            text = end_report(text, written, gathered, stopwatch.out, replaced=stopwatch.out in _replacing)
         sys.stderr.write(text)
         sys.stderr.flush()
     except Exception as error:  # the program's own outcome must show, whatever happens here

@@ -91,7 +91,7 @@ def _is_main(sw: Stopwatch, phase: str) -> bool:
 def _check_enclosing(sw: Stopwatch, site: LoopSite) -> None:
     """A loop starts inside another's open step: say so once if that other loop was in fact abandoned."""
     sites = sw._loop_sites.get(threading.get_ident())
-    if not sites or sites[-1].warned:
+    if not sites or sites[-1].warned or sw._ticking:  # a log_every callback's loop runs between two steps
         return
     enclosing = sites[-1]
     if enclosing.abandoned(site.frame):

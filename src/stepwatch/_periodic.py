@@ -27,6 +27,7 @@ class Periodic:
 
     _every: Every
     _ticks: int
+    _ticking: bool
     _gathers: int
     out: str | None
 
@@ -36,16 +37,19 @@ class Periodic:
         stops it. A callback that raises is reported once on the ``stepwatch`` logger and not called again:
         a failing logger never stops the training."""
         stopwatch = cast("Stopwatch", self)
+        if not callable(callback):  # refused now, not at the n-th step
+            raise TypeError(f"callback must be callable, got {callback!r}")
 
         def call(step: int) -> None:
             callback(stopwatch.metrics())
 
         return self._add_every(n, call, getattr(callback, "__qualname__", repr(callback)))
 
-    def _add_every(self, n: int, call: Callable[[int], None], name: str) -> Callable[[], None]:
-        check_steps(n, "n", optional=False)
+    def _add_every(self, n: int, call: Callable[[int], None], name: str, parameter: str = "n") -> Callable[[], None]:
+        """Registers ``call`` every ``n`` training steps; ``parameter``: what the caller calls ``n``, for errors."""
+        check_steps(n, parameter, optional=False)
         if n < 1:
-            raise ValueError(f"n must be a positive number of steps, got {n!r}")
+            raise ValueError(f"{parameter} must be a positive number of steps, got {n!r}")
         if not callable(call):
             raise TypeError(f"callback must be callable, got {call!r}")
         entry: tuple[int, Callable[[int], None]] = (n, _guarded(call, name, lambda: remove()))
@@ -87,6 +91,10 @@ def _guarded(call: Callable[[int], None], name: str, remove: Callable[[], None])
 def tick(sw: Stopwatch, every: Every) -> None:
     """One more training step: calls what is due. Called by the training loop between two steps."""
     sw._ticks = step = sw._ticks + 1
-    for n, call in every:
-        if step % n == 0:
-            call(step)
+    sw._ticking = True  # a loop a callback runs (a validation) is between two steps: not inside an abandoned one
+    try:
+        for n, call in every:
+            if step % n == 0:
+                call(step)
+    finally:
+        sw._ticking = False

@@ -113,6 +113,7 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
         self.out: str | None = None
         self._every: Every = ()  # what runs every N training steps (log_every, gather_every)
         self._ticks = 0  # training steps seen, for log_every
+        self._ticking = False  # running what is due between two training steps
         self._gathers = 0
         self._stop_gathering: Callable[[], None] | None = None
         self._describe_auto: Callable[[], str] | None = None  # what auto-instrumentation found, for the report

@@ -63,8 +63,8 @@ def split(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
         name = argument.split("=", 1)[0]
         if name in _VALUED and "=" not in argument:
             index += 2
-        elif name in _VALUED or argument in _FLAGS:
-            index += 1
+        elif name in _VALUED or argument in _FLAGS or (argument.startswith("-") and argument != "-"):
+            index += 1  # an option of stepwatch's, or one it does not know: said so, not taken for the script
         else:
             break
     return list(arguments[:index]), list(arguments[index:])
@@ -85,6 +85,11 @@ def main(arguments: Sequence[str]) -> int:
     if args.module is None and not os.path.isfile(program[0]):
         print(f"stepwatch run: {program[0]}: no such file", file=sys.stderr)
         return 2
+    if args.module is not None:
+        missing = _module_missing(args.module)
+        if missing is not None:  # one line, as python -m says it, and no run saved
+            print(f"stepwatch run: {missing}", file=sys.stderr)
+            return 1
     from . import _autosave, _default
     from ._autostart import auto, run_file
 
@@ -105,6 +110,21 @@ def main(arguments: Sequence[str]) -> int:
     if not args.quiet:
         _autosave.install(_default, report=True)
     return _run(args.module, program)
+
+
+def _module_missing(module: str) -> str | None:
+    """Why ``python -m module`` could not run it, in python's words; None when it can be found."""
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())  # where python -m looks first
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as error:
+        hint = f". Try using {module[:-3]!r} instead of {module!r} as the module name" if module.endswith(".py") else ""
+        return f"Error while finding module specification for {module!r} ({type(error).__name__}: {error}){hint}"
+    finally:
+        sys.path.pop(0)
+    return None if spec is not None else f"No module named {module}"
 
 
 def _run(module: str | None, program: list[str]) -> int:

@@ -124,13 +124,16 @@ class AllRanks:
         save_ranks(list(self.runs), path, self.world_size, self.missing)
 
 
-def end_report(text: str, written: str, gathered: AllRanks | None, out: str | os.PathLike[str]) -> str:
+def end_report(
+    text: str, written: str, gathered: AllRanks | None, out: str | os.PathLike[str], replaced: bool = False
+) -> str:
     """A rank's report at the end of a run, followed, on rank 0 of a job of several ranks, by the all-ranks
-    report, and the file to read it again from."""
+    report, and the file to read it again from (``replaced``: it held an earlier run, now overwritten)."""
     if gathered is not None and gathered.world_size > 1:
         text += "\n" + gathered.render()
         written = all_ranks_path(out)
-    return text + f"stepwatch: run saved to {os.path.relpath(written)}\n"
+    note = " (it replaced the run saved there before)" if replaced else ""
+    return text + f"stepwatch: run saved to {os.path.relpath(written)}{note}\n"
 
 
 def is_rank_zero() -> bool:

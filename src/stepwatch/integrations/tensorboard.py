@@ -28,4 +28,4 @@ def log(writer: Any, every: int = 100, *, stopwatch: Stopwatch | None = None) ->
         if callable(flush):
             flush()
 
-    return sw._add_every(every, write, "tensorboard.log")
+    return sw._add_every(every, write, "tensorboard.log", "every")
