@@ -374,3 +374,21 @@ def test_stepwatch_auto_says_when_it_replaces_an_earlier_run(tmp_path: Path) -> 
     assert first.returncode == 0 and "run saved to lm.stepwatch.json\n" in first.stderr, first.stderr
     second = run([LM, "12"], tmp_path, STEPWATCH="auto")
     assert "run saved to lm.stepwatch.json (it replaced the run saved there before)" in second.stderr
+
+
+def test_a_program_ending_with_os_exit_keeps_its_code_and_its_run(tmp_path: Path) -> None:
+    """``os._exit(3)`` skips atexit: the run is saved (and reported) first, then the process ends with 3."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, stepwatch\n"
+        "for _ in stepwatch.timed_iter(range(4)):\n"
+        "    with stepwatch.timed('forward'):\n"
+        "        pass\n"
+        "os._exit(3)\n"
+    )
+    watched = run(["-m", "stepwatch", "run", "-o", "run.json", str(script)], tmp_path)
+    assert watched.returncode == 3, watched.stderr
+    assert "run saved to run.json" in watched.stderr and "stepwatch · train · 3 steps" in watched.stderr
+    assert stepwatch.load(tmp_path / "run.json").stages["step/forward"].calls == 3
+    plain = run([str(script)], tmp_path, STEPWATCH="1", STEPWATCH_OUT=str(tmp_path / "env.json"))
+    assert plain.returncode == 3 and stepwatch.load(tmp_path / "env.json").main_phase.steps == 3

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .distributed import in_job
 
@@ -43,6 +43,7 @@ _owner_pid = 0
 write its stale copy of the parent's recording over the parent's file."""
 _crashed = False
 """An uncaught exception ended this process: its saves gather nothing (see :func:`save_all`)."""
+_original_os_exit: Callable[[int], NoReturn] = os._exit
 _replacing: dict[str, None] = {}
 """Run files that held an earlier run when recording into them began."""
 
@@ -66,6 +67,9 @@ def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False
         global _previous_excepthook
         _previous_excepthook = sys.excepthook
         sys.excepthook = _excepthook
+        global _original_os_exit
+        _original_os_exit = os._exit
+        os._exit = _os_exit  # a program that ends with os._exit(n) keeps its code, and its run
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
                 _previous_signal_handlers[signum] = signal.getsignal(signum)
@@ -74,7 +78,17 @@ def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False
             logger.warning("stepwatch: enabled outside the main thread; runs are not saved on SIGTERM/SIGINT")
 
 
-def save_all(reason: str, final: bool = True) -> None:
+def _os_exit(status: int) -> NoReturn:
+    """``os._exit`` while runs are to be saved: this process's runs are saved (and reported) first, without
+    gathering the ranks (the process ends at once: its own file is what there is), then it ends as asked.
+    Forked children (multiprocessing ends them with ``os._exit``) save nothing, as always."""
+    try:
+        save_all("os._exit", gather=False)
+    finally:
+        _original_os_exit(status)
+
+
+def save_all(reason: str, final: bool = True, gather: bool = True) -> None:
     """Saves every registered stopwatch that has an output path; never raises. ``final``: the program ends
     now, so the reports asked for are printed (once). Does nothing in a child process: the run file belongs to
     the process that started the run, not to its DataLoader workers or other children, forked (which inherit
@@ -90,7 +104,7 @@ def save_all(reason: str, final: bool = True) -> None:
             except Exception as error:  # the save must still happen
                 logger.error("stepwatch: at %s: %s", reason, error)
     gathered: dict[int, AllRanks | None] = {}
-    gather = final and not _crashed and in_job()
+    gather = gather and final and not _crashed and in_job()
     for stopwatch in list(_installed.values()):
         if stopwatch.out is None or (_reports.get(id(stopwatch), (None, False))[1] and not stopwatch._phases):
             continue
