@@ -149,3 +149,43 @@ def test_under_torchrun_rank_0_gathers_and_reports_all_ranks(tmp_path: Path) -> 
     gathered = stepwatch._saved.load_ranks(tmp_path / "runs" / "h.json")
     assert [run.metadata["rank"] for run in gathered.runs] == [0, 1] and not gathered.missing
     assert all(run.main_phase.steps == 5 and "step/backward" in run.stages for run in gathered.runs)
+
+
+class FailsAt(TrainerCallback):  # type: ignore[misc]
+    """Raises at the end of optimizer step ``step``: a training that fails midway."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            raise RuntimeError("diverged")
+
+
+def test_a_failing_train_saves_its_part_and_attach_twice_or_train_twice_count_once(tmp_path: Path) -> None:
+    """``train()`` that raises at step 6 saves the 6 steps recorded and leaves stepwatch off; attaching twice is
+    attaching once (no ``step/forward/forward``, samples not counted twice); a second ``train()`` is a run of
+    its own."""
+    trainer = hf_train.make_trainer(tmp_path / "out", max_steps=12, callbacks=[FailsAt(6)])
+    attachment = attach(trainer)
+    assert attach(trainer) is attachment
+    with pytest.raises(RuntimeError, match="diverged"):
+        trainer.train()
+    assert not stepwatch.is_enabled()
+    saved = stepwatch.load(tmp_path / "out" / "stepwatch.json")
+    train = saved.phases["train"]
+    assert train.steps == 5  # 6 optimizer steps, the first apart
+    assert not any(path.endswith("forward/forward") for path in train.stages)
+    assert train.counters["samples"] == 5 * 16  # 2 micro-batches of 8 a step, counted once
+    attachment.detach()
+    assert "_stepwatch_attachment" not in vars(trainer) and "train" not in vars(trainer)
+
+    again = hf_train.make_trainer(tmp_path / "twice", max_steps=6)
+    twice = attach(again)
+    again.train()
+    again.train()  # resumes nothing: a second run of 6 optimizer steps
+    assert twice.summary is not None and twice.summary.phases["train"].steps == 5
+    assert stepwatch.load(tmp_path / "twice" / "stepwatch.json").phases["train"].steps == 5
+    twice.detach()
+    twice.detach()  # twice is harmless
+    assert not stepwatch.is_enabled()

@@ -39,6 +39,8 @@ from .._tree import DEFAULT_PHASE
 from .._watch import inner_loader, instrument_always, loader_config, uninstrument
 from ..distributed import end_report, is_rank_zero
 
+_ATTACHED = "_stepwatch_attachment"
+"""Where a trainer keeps its attachment (in its own ``__dict__``), so that attaching twice is attaching once."""
 _WRAPPED = ("get_batch_samples", "training_step", "_prepare_inputs", "compute_loss", "log", "evaluate")
 
 
@@ -176,23 +178,43 @@ class Attachment:
             _default.enable()
             self.enabled_here = True
 
-    def finish(self) -> None:
-        """At the end of ``train``: closes the loop, saves the run, prints the report (once per train)."""
-        if self.train is None:
-            return
-        self.train.close()
-        self.train = None
-        self.summary = _default.summary()
-        out = self.out or os.path.join(self.trainer.args.output_dir or os.getcwd(), "stepwatch.json")
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        written, gathered = _default._save_run(out, gather=True)  # in a job of several ranks, rank 0 gathers
-        self.out = out
-        if is_rank_zero():
-            sys.stderr.write(end_report(_default.report(), written, gathered, out))
+    def finish(self, crashed: bool = False) -> None:
+        """At the end of ``train``, however it ends (normally, an exception, Ctrl-C): closes the loop, saves
+        the run (the part recorded, if it failed), prints the report, and leaves stepwatch as it found it.
+        Once per train; a train that failed before its first batch only puts stepwatch back."""
+        if self.train is not None:
+            self.train.close()
+            self.train = None
+            self.summary = _default.summary()
+            out = self.out or os.path.join(self.trainer.args.output_dir or os.getcwd(), "stepwatch.json")
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+            # in a job of several ranks, rank 0 gathers, unless this rank failed (the others may still train)
+            written, gathered = _default._save_run(out, gather=not crashed)
+            self.out = out
+            if is_rank_zero():
+                sys.stderr.write(end_report(_default.report(), written, gathered, out))
         self.take_off_loaders()
         if self.enabled_here:
             _default.disable()
             self.enabled_here = False
+
+    def run_train(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``trainer.train``: each call is a run of its own (a second train's file holds its steps only), and
+        whatever way it ends, its run is saved and stepwatch left as found."""
+
+        def train(*args: Any, **kwargs: Any) -> Any:
+            if self.summary is not None:  # a previous train of this trainer was recorded and saved
+                _default.reset()
+                self.summary = None
+            try:
+                result = original(*args, **kwargs)
+            except BaseException:
+                self.finish(crashed=True)
+                raise
+            self.finish()
+            return result
+
+        return train
 
     def take_off_loaders(self) -> None:
         for loader in self.loaders:
@@ -203,6 +225,8 @@ class Attachment:
         """Puts the trainer's own methods, its accelerator's backward, its callbacks and its DataLoaders back
         as they were."""
         self.take_off_loaders()
+        if self.trainer.__dict__.get(_ATTACHED) is self:
+            del self.trainer.__dict__[_ATTACHED]
         for name, own in self.originals.items():
             if own is None:
                 self.trainer.__dict__.pop(name, None)
@@ -248,7 +272,11 @@ def attach(trainer: Any, out: str | os.PathLike[str] | None = None, *, val_phase
             f"stepwatch cannot attach to this Trainer: transformers {transformers.__version__} has no {names};"
             " stepwatch.integrations.transformers supports transformers 4.40 to 5.x"
         )
+    existing = trainer.__dict__.get(_ATTACHED)
+    if isinstance(existing, Attachment) and existing.originals:
+        return existing  # attached already: the same attachment (stages would otherwise nest in themselves)
     attachment = Attachment(trainer, None if out is None else os.fspath(out), val_phase)
+    attachment.wrap("train", attachment.run_train)
     attachment.wrap("get_batch_samples", attachment.get_batch_samples)
     for name, phase in (("get_train_dataloader", DEFAULT_PHASE), ("get_eval_dataloader", val_phase)):
         if callable(getattr(trainer, name, None)):
@@ -266,6 +294,7 @@ def attach(trainer: Any, out: str | os.PathLike[str] | None = None, *, val_phase
     accelerator.backward = functools.wraps(backward)(attachment.timed("backward")(backward))
     attachment.callback = _callback_class(transformers)(attachment)
     trainer.add_callback(attachment.callback)
+    trainer.__dict__[_ATTACHED] = attachment
     return attachment
 
 
