@@ -173,3 +173,30 @@ def test_test_and_predict_are_phases_of_their_own(tmp_path: Path, kind: str) -> 
     assert phase.stages["loader/dataset"].in_workers and phase.stages["loader/dataset"].mean >= 0.0005
     assert summary.metadata["loaders"][kind]["num_workers"] == 2
     assert stepwatch.load(tmp_path / f"{kind}.json").phases[kind].steps == 5
+
+
+def test_every_run_is_saved_and_undone_whether_it_fails_or_the_profiler_is_reused(tmp_path: Path) -> None:
+    """A training_step that raises mid-fit (Lightning then calls no teardown): the part recorded is saved and
+    stepwatch is left as found. The same profiler for fit then test, and for a second Trainer: each run is
+    saved (the later ones beside the first, named by their stage), ``summary()`` is the latest run, and
+    stepwatch is off and torch unpatched after each."""
+    original_iter = torch.utils.data.DataLoader.__iter__
+    failing = StepwatchProfiler(out=tmp_path / "failed.json")
+    with pytest.raises(RuntimeError, match="diverged"):
+        lightning_train.train(failing, fail_at=7)
+    assert not stepwatch.is_enabled() and torch.utils.data.DataLoader.__iter__ is original_iter
+    partial = stepwatch.load(tmp_path / "failed.json")
+    assert partial.phases["train"].steps == 7  # batches 1..7 (the first apart), the 7th's step ended by its error
+    assert not any("OnException" in path for path in partial.stages)  # stepwatch's own callback is no stage
+
+    reused = StepwatchProfiler(out=tmp_path / "pl.json")
+    lightning_train.train(reused, max_steps=4)
+    assert reused.summary().phases["train"].steps == 7  # 8 batches (4 optimizer steps of 2), the first apart
+    lightning_train.evaluate("test", reused)
+    assert list(reused.summary().phases) == ["test"]
+    assert not stepwatch.is_enabled() and torch.utils.data.DataLoader.__iter__ is original_iter
+    assert stepwatch.load(tmp_path / "pl.json").phases["train"].steps == 7
+    assert list(stepwatch.load(tmp_path / "pl.test2.json").phases) == ["test"]
+    lightning_train.train(reused, max_steps=2)  # a second Trainer
+    assert stepwatch.load(tmp_path / "pl.fit3.json").phases["train"].steps == 3
+    assert not stepwatch.is_enabled() and torch.utils.data.DataLoader.__iter__ is original_iter

@@ -183,6 +183,7 @@ def test_a_failing_train_saves_its_part_and_attach_twice_or_train_twice_count_on
     again = hf_train.make_trainer(tmp_path / "twice", max_steps=6)
     twice = attach(again)
     again.train()
+    assert stepwatch.load(tmp_path / "twice" / "stepwatch.json").phases["train"].steps == 5  # not the failed run's
     again.train()  # resumes nothing: a second run of 6 optimizer steps
     assert twice.summary is not None and twice.summary.phases["train"].steps == 5
     assert stepwatch.load(tmp_path / "twice" / "stepwatch.json").phases["train"].steps == 5

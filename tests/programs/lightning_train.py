@@ -22,8 +22,9 @@ class Data(Dataset):
 
 
 class Model(L.LightningModule):
-    def __init__(self, manual=False):
+    def __init__(self, manual=False, fail_at=None):
         super().__init__()
+        self.fail_at = fail_at  # a training_step that raises at this batch
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
         self.head = nn.Linear(2, 2)
         self.criterion = nn.CrossEntropyLoss()
@@ -34,6 +35,8 @@ class Model(L.LightningModule):
         return self.head(self.net(x))
 
     def training_step(self, batch, index):
+        if index == self.fail_at:
+            raise RuntimeError("diverged")
         x, y = batch
         loss = self.criterion(self(x), y)
         self.log("train_loss", loss)
@@ -66,7 +69,7 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.net.parameters(), lr=0.1), torch.optim.SGD(self.head.parameters(), lr=0.1)
 
 
-def train(profiler=None, workers=0, manual=False, busy_s=0.0, max_steps=20, accumulate=2, devices=1):
+def train(profiler=None, workers=0, manual=False, busy_s=0.0, max_steps=20, accumulate=2, devices=1, fail_at=None):
     """Trains for ``max_steps`` optimizer steps (16 batches an epoch), validating every 10 batches."""
     L.seed_everything(0, verbose=False)
     BUSY_NS[0] = 0
@@ -83,7 +86,7 @@ def train(profiler=None, workers=0, manual=False, busy_s=0.0, max_steps=20, accu
         strategy="ddp" if devices > 1 else "auto",
         profiler=profiler,
     )
-    model = Model(manual)
+    model = Model(manual, fail_at)
     train_loader = DataLoader(Data(128, busy_s), batch_size=8, num_workers=workers)
     val_loader = DataLoader(Data(32, 0.0), batch_size=16, num_workers=workers)
     trainer.fit(model, train_loader, val_loader)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,9 +40,11 @@ from .._watch import instrument_always, uninstrument
 from ..distributed import AllRanks, end_report, in_job
 
 try:
+    from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.profilers import Profiler
 except ImportError:  # the older package name
     try:
+        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
         from pytorch_lightning.profilers import Profiler  # type: ignore[assignment]
     except ImportError as error:
         raise ImportError(
@@ -103,12 +106,20 @@ class StepwatchProfiler(Profiler):
         self._backward_depth = 0  # [Strategy].backward actions open
         self._manual_backward: Any = None  # the block timing a manual_backward(), between its hooks
         self._base_before: str | None = None  # the thread's base phase before an evaluation-only run set it
+        self._runs = 0  # trainer runs (fit, validate, test, predict) this profiler recorded
+        self._out_given = self.out is not None
+        self._guard: Any = None  # the callback that hears of a run failing (Lightning then calls no teardown)
+        self._guarded: list[Any] | None = None  # the callbacks of the trainer it was added to
 
     # -- Lightning's profiler interface ----------------------------------------------------------------------
 
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
         super().setup(stage, local_rank, log_dir)
         self._log_dir = log_dir
+        if self._summary is not None:  # reused (fit, then test; a second Trainer): a run of its own
+            self._new_run()
+        self._runs += 1
+        self._watch_for_failure()
         if not self._patches._replaced:
             import torch
 
@@ -116,6 +127,7 @@ class StepwatchProfiler(Profiler):
         if not _default.is_enabled():
             self._schedule_before = _default.schedule
             warmup, active, every = self._schedule
+            _default.reset()  # what it holds is an earlier run's, saved then: this run starts empty
             _default.enable(warmup=warmup, active=active, every=every)
             self._enabled_here = True
         # validate, test or predict alone: its hooks outside the loop are that phase's, and there is no train phase
@@ -123,7 +135,7 @@ class StepwatchProfiler(Profiler):
             self._base_before = set_base_phase(_default, self._evaluation_phase())
 
     def start(self, action_name: str) -> None:
-        if action_name in _TRANSPARENT:
+        if action_name in _TRANSPARENT or _GUARD in action_name:
             return
         if action_name.endswith("].train_dataloader_next"):
             self._fetch_started(DEFAULT_PHASE)
@@ -157,6 +169,8 @@ class StepwatchProfiler(Profiler):
         self._closers.setdefault(action_name, []).append(close)
 
     def stop(self, action_name: str) -> None:
+        if _GUARD in action_name:
+            return
         if action_name in _TRANSPARENT:
             if action_name == "run_training_epoch":
                 self._close_loop(DEFAULT_PHASE)
@@ -304,8 +318,55 @@ class StepwatchProfiler(Profiler):
 
     # -- the end ------------------------------------------------------------------------------------------------
 
-    def _finish(self) -> None:
-        """Closes the loops, takes stepwatch off the DataLoaders and torch, and saves the run (once)."""
+    def _new_run(self) -> None:
+        """Forgets the previous run (already saved), so that this one is recorded, saved and undone too."""
+        self._summary = self._written = self._gathered = None
+        self._loops, self._closers, self._loader_of = {}, {}, {}
+        self._optimizer, self._pending_count, self._manual_backward = None, None, None
+        self._backward_depth = 0
+        if not self._out_given:
+            self.out = None
+        _default.reset()
+
+    def _run_path(self) -> str:
+        """Where this run is saved: ``out`` (default ``stepwatch.json`` in the log directory); a later run of
+        the same profiler beside it, named by its stage (``pl.test.json``), so it never replaces the first."""
+        base = self.out or os.path.join(self._log_dir or os.getcwd(), "stepwatch.json")
+        if self._runs <= 1:
+            return base
+        stem, extension = os.path.splitext(base)
+        stage = str(getattr(self._stage, "value", self._stage) or "run")
+        return f"{stem}.{stage}{self._runs}{extension or '.json'}"
+
+    def _watch_for_failure(self) -> None:
+        """Adds to the trainer that runs now a callback whose ``on_exception`` saves the run and undoes
+        stepwatch: a fit that raises (or is interrupted) gets no ``describe`` or ``teardown`` from Lightning. The
+        trainer is the caller of ``setup`` (``Trainer._run``); without it, the exit hooks still save."""
+        frame = sys._getframe(1)
+        trainer = None
+        for _ in range(6):  # Trainer._run -> setup (a subclass's setup may sit in between)
+            frame = frame.f_back  # type: ignore[assignment]
+            if frame is None:
+                return
+            candidate = frame.f_locals.get("self")
+            if type(candidate).__name__ == "Trainer" or any(c.__name__ == "Trainer" for c in type(candidate).__mro__):
+                trainer = candidate
+                break
+        callbacks = getattr(trainer, "callbacks", None)
+        if not isinstance(callbacks, list):
+            return
+        if self._guard is None:
+            self._guard = _OnException(self)
+        if not any(callback is self._guard for callback in callbacks):
+            callbacks.append(self._guard)
+        self._guarded = callbacks
+
+    def _failed(self) -> None:
+        self._finish(crashed=True)
+
+    def _finish(self, crashed: bool = False) -> None:
+        """Closes the loops, takes stepwatch off the DataLoaders and torch, and saves the run (once a run; a
+        failed run is saved without gathering the ranks: the others may still be training)."""
         if self._summary is not None:
             return
         for phase in list(self._loops):
@@ -318,15 +379,35 @@ class StepwatchProfiler(Profiler):
             uninstrument(loader)
         self._loaders.clear()
         self._summary = _default.summary()
-        if self.out is None:
-            self.out = os.path.join(self._log_dir or os.getcwd(), "stepwatch.json")
-        if self._summary.phases or in_job():  # every rank of a job takes part in the gather
-            os.makedirs(os.path.dirname(os.path.abspath(self.out)), exist_ok=True)
-            self._written, self._gathered = _default._save_run(self.out, gather=True)
+        out = self._run_path()
+        if self._runs <= 1 or self._out_given:
+            self.out = self.out or out
+        if self._summary.phases or (in_job() and not crashed):  # every rank of a job takes part in the gather
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+            self._written, self._gathered = _default._save_run(out, gather=not crashed)
         if self._enabled_here:
             _default.disable()
             _default.schedule = self._schedule_before  # the default stopwatch as it was
             self._enabled_here = False
+        if not crashed and self._guarded is not None:  # (a failing run is still walking its callbacks)
+            self._guarded[:] = [callback for callback in self._guarded if callback is not self._guard]
+            self._guarded = None
+
+
+class _OnException(Callback):
+    """Saves the partial run and undoes stepwatch when a trainer run fails or is interrupted. Its own hooks
+    are not stages (the profiler skips the actions named after it)."""
+
+    def __init__(self, profiler: StepwatchProfiler) -> None:
+        super().__init__()
+        self.profiler = profiler
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.profiler._failed()
+
+
+_GUARD = f"]{_OnException.__qualname__}."
+"""How the actions of that callback's hooks are named (``[Callback]_OnException.on_train_batch_start``)."""
 
 
 def _parse(action_name: str) -> tuple[str, str, str]:

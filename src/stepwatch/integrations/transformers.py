@@ -175,6 +175,7 @@ class Attachment:
 
     def start(self) -> None:
         if not _default.is_enabled():
+            _default.reset()  # what it holds is an earlier run's, saved then: this run starts empty
             _default.enable()
             self.enabled_here = True
 
