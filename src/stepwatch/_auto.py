@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import _patches
-from ._driven import is_empty, rename_phase
+from ._driven import DrivenLoop, is_empty, rename_phase
 from ._tree import DEFAULT_PHASE
 
 if TYPE_CHECKING:
@@ -98,50 +98,6 @@ class _Plain:
 
     def __len__(self) -> int:
         return len(self.loader)
-
-
-class DrivenLoop:
-    """The steps of a program without a DataLoader loop: a timed loop advanced at each optimizer step."""
-
-    def __init__(self, session: AutoSession) -> None:
-        from ._loops import iterate
-
-        self.thread = get_ident()
-        self._session = session
-        self._steps = iterate(session.sw, itertools.repeat(None), "loader", "step", DEFAULT_PHASE, driven=True)
-        next(self._steps)
-        self._trained_at_step = session.training_blocks
-        self._zero_grads_at_step = session.zero_grads
-
-    def tick(self) -> None:
-        next(self._steps)
-        self._trained_at_step = self._session.training_blocks
-        self._zero_grads_at_step = self._session.zero_grads
-
-    def close(self) -> None:
-        """Ends the steps. The time since the last optimizer step is a step of its own if it did training work
-        (a forward, loss or backward: its blocks are already counted under ``step``, so the step must be too);
-        else it is not a step (the trailing ``zero_grad`` after the last optimizer step, an evaluation, which
-        is the val phase) and is dropped, with the ``zero_grad`` calls it timed."""
-        session = self._session
-        if session.training_blocks != self._trained_at_step:
-            self.tick()
-        else:
-            untimed = session.zero_grads - self._zero_grads_at_step
-            if untimed:
-                forget_last(session.sw, ("step", "zero_grad"), untimed)
-        self._steps.close()
-
-
-def forget_last(sw: Stopwatch, path: tuple[str, ...], count: int) -> None:
-    """Takes back the last ``count`` measurements of the train phase's stage at ``path`` (still buffered: a
-    step that turned out not to be one)."""
-    phase = sw._phases.get(DEFAULT_PHASE)
-    node = phase.root if phase is not None else None
-    for name in path:
-        node = node.children.get(name) if node is not None else None
-    if node is not None:
-        del node.buf[max(len(node.buf) - count, 0) :]
 
 
 class AutoSession:

@@ -24,7 +24,6 @@ DataLoaders are instrumented when Lightning iterates them, so what their workers
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -34,10 +33,11 @@ from .. import _default
 from .._auto import batch_size
 from .._driven import Beats, set_base_phase
 from .._patches import Patches
-from .._summary import ONE_OFF, OTHER, Summary
-from .._tree import DEFAULT_PHASE, DROPPED, FOLD, OVERFLOW
+from .._summary import Summary
+from .._tree import DEFAULT_PHASE
 from .._watch import instrument_always, uninstrument
 from ..distributed import AllRanks, end_report, in_job
+from ._lightning_actions import GROUPS, PREDICT, STAGES, TEST, TRANSPARENT, parse, record, safe
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -50,21 +50,6 @@ except ImportError:  # the older package name
         raise ImportError(
             "stepwatch.integrations.lightning needs Lightning 2.0 or newer: pip install 'stepwatch[lightning]'"
         ) from error
-
-_TRANSPARENT = frozenset({"run_training_epoch", "run_training_batch"})
-TEST, PREDICT = "test", "predict"
-"""The phases of ``trainer.test`` and ``trainer.predict``."""
-_STAGES = {
-    "[Strategy].batch_to_device": "h2d",
-    "[Strategy].training_step": "forward",
-    "[Strategy].validation_step": "forward",
-    "[Strategy].test_step": "forward",
-    "[Strategy].predict_step": "forward",
-    "[Strategy].backward": "backward",
-    "[LightningModule].optimizer_zero_grad": "zero_grad",
-}
-_GROUPS = {"Callback": "callbacks", "LightningModule": "hooks", "LightningDataModule": "hooks", "Strategy": "strategy"}
-_ACTION = re.compile(r"^\[(\w+)\]([^.]*)\.(\w+)$")
 
 
 class StepwatchProfiler(Profiler):
@@ -135,7 +120,7 @@ class StepwatchProfiler(Profiler):
             self._base_before = set_base_phase(_default, self._evaluation_phase())
 
     def start(self, action_name: str) -> None:
-        if action_name in _TRANSPARENT or _GUARD in action_name:
+        if action_name in TRANSPARENT or _GUARD in action_name:
             return
         if action_name.endswith("].train_dataloader_next"):
             self._fetch_started(DEFAULT_PHASE)
@@ -144,7 +129,7 @@ class StepwatchProfiler(Profiler):
         if phase is not None:
             self._fetch_started(phase)
             return
-        kind, owner, hook = _parse(action_name)
+        kind, owner, hook = parse(action_name)
         if (kind == "LightningModule" and hook == "optimizer_step") or action_name == "optimizer_step":
             self._optimizer_started(action_name)
             return
@@ -152,12 +137,12 @@ class StepwatchProfiler(Profiler):
             self._manual_backward.__exit__(None, None, None)
             self._manual_backward = None
             self._resume_optimizer()
-        stage = _STAGES.get(f"[{kind}].{hook}")
+        stage = STAGES.get(f"[{kind}].{hook}")
         if stage == "backward":
             self._backward_depth += 1
-        names = [stage] if stage else [_GROUPS[kind], owner if kind == "Callback" else hook] if kind else [hook]
+        names = [stage] if stage else [GROUPS[kind], owner if kind == "Callback" else hook] if kind else [hook]
         self._pause_optimizer()
-        blocks = [_default.timed(_safe(name)) for name in names]
+        blocks = [_default.timed(safe(name)) for name in names]
         for block in blocks:
             block.__enter__()
 
@@ -171,7 +156,7 @@ class StepwatchProfiler(Profiler):
     def stop(self, action_name: str) -> None:
         if _GUARD in action_name:
             return
-        if action_name in _TRANSPARENT:
+        if action_name in TRANSPARENT:
             if action_name == "run_training_epoch":
                 self._close_loop(DEFAULT_PHASE)
             return
@@ -272,7 +257,7 @@ class StepwatchProfiler(Profiler):
             if state is None:
                 return
             own = state[1] + (time.perf_counter_ns() - state[0] if state[0] >= 0 else 0)
-            _record(_default, "optimizer", own)
+            record(_default, "optimizer", own)
 
         self._closers.setdefault(action_name, []).append(close)
 
@@ -408,32 +393,6 @@ class _OnException(Callback):
 
 _GUARD = f"]{_OnException.__qualname__}."
 """How the actions of that callback's hooks are named (``[Callback]_OnException.on_train_batch_start``)."""
-
-
-def _parse(action_name: str) -> tuple[str, str, str]:
-    """``[Callback]ModelCheckpoint{...}.on_validation_end`` -> ("Callback", "ModelCheckpoint", "on_...")."""
-    match = _ACTION.match(re.sub(r"\{.*\}", "", action_name))
-    if match is None or match.group(1) not in _GROUPS:
-        return "", "", action_name
-    return match.group(1), match.group(2), match.group(3)
-
-
-def _safe(name: str) -> str:
-    cleaned = "".join(c if c.isprintable() and c != "/" else "_" for c in name.strip()) or "action"
-    return cleaned if cleaned not in (OTHER, *ONE_OFF, OVERFLOW) else f"{cleaned}_"  # the reserved names
-
-
-def _record(stopwatch: Any, name: str, elapsed_ns: int) -> None:
-    """One measurement under the block open now on this thread, as a block of its own would record it."""
-    if stopwatch._measuring is not True:
-        return
-    parent = stopwatch._thread_stack()[-1][1]
-    if parent is DROPPED:
-        return
-    node = parent.children.get(name) or stopwatch._add_child(parent, name)
-    node.buf.append(elapsed_ns)
-    if len(node.buf) >= FOLD:
-        stopwatch._fold(node)
 
 
 def _render(summary: Summary) -> str:
