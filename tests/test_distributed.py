@@ -494,9 +494,9 @@ def test_merge_keeps_the_jobs_shape_and_refuses_mixtures(tmp_path: Path, clock: 
     ranks are ordered by rank, not by argument; a rank outside the world, two jobs of different sizes, or a
     run of no rank among others is refused in one line naming the files."""
 
-    def rank_file(name: str, rank: int, world: int) -> str:
+    def rank_file(name: str, rank: int, world: int, job: str | None = None) -> str:
         (run,) = rank_runs(clock, [2 + rank], steps=3)
-        run = dataclasses.replace(run, metadata={**run.metadata, "rank": rank, "world_size": world})
+        run = dataclasses.replace(run, metadata={**run.metadata, "rank": rank, "world_size": world, "job": job})
         stepwatch._saved.save_summary(run, tmp_path / name)
         return name
 
@@ -538,6 +538,10 @@ def test_merge_keeps_the_jobs_shape_and_refuses_mixtures(tmp_path: Path, clock: 
         ((zero, other), "r0.json is of a job of 12 ranks, other.json of 4"),
         ((zero, "plain.json"), "plain.json holds a run of no rank"),
         ((zero, zero), "two runs are rank 0 (r0.json and r0.json)"),
+        (
+            (rank_file("j0.json", 0, 2, "run-a 127.0.0.1:29500"), rank_file("j1.json", 1, 2, "run-b 127.0.0.1:29501")),
+            "j0.json and j1.json are runs of different jobs",
+        ),
     ):
         refused = merge(*files)
         assert refused.returncode == 2 and message in refused.stderr, (files, refused.stderr)

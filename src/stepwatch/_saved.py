@@ -87,6 +87,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "auto": None if stopwatch._describe_auto is None else stopwatch._describe_auto(),
         **_ranks(),
     }
+    metadata["job"] = _job_id() if metadata["rank"] is not None else None
     for key, value in metadata.items():
         if isinstance(value, str):
             metadata[key] = printable(value)
@@ -99,6 +100,18 @@ def _ranks() -> dict[str, int | None]:
 
     info = rank_info()
     return {"rank": None, "local_rank": None, "world_size": None} if info is None else dict(info)
+
+
+def _job_id() -> str | None:
+    """What tells this job's runs from another job's: torchrun's rendezvous id (``TORCHELASTIC_RUN_ID``, unique
+    per job) with its store's address; None when the launcher gives neither (``mp.spawn``)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    address = os.environ.get("MASTER_ADDR", "").strip()
+    port = os.environ.get("MASTER_PORT", "").strip()
+    parts = [
+        part for part in (run_id if run_id and run_id != "none" else "", f"{address}:{port}" if port else "") if part
+    ]
+    return " ".join(parts)[:200] or None
 
 
 def _iso(epoch_seconds: float) -> str:

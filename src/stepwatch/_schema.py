@@ -166,7 +166,7 @@ def check_phase(name: Any, data: Any, where: str) -> None:
             _int(worker.get(key, 0), f"{where}.workers.{worker_id}.{key}")
 
 
-_METADATA_STRINGS = ("stepwatch", "python", "torch", "host", "started_at", "device_error")
+_METADATA_STRINGS = ("stepwatch", "python", "torch", "host", "started_at", "device_error", "job")
 _CONFIG_STEPS = ("active", "every")
 
 

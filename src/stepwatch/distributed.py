@@ -56,9 +56,10 @@ def combine_jobs(named: Sequence[tuple[str, AllRanks]]) -> AllRanks:
     """The ranks of one job from its files (per-rank run files, all-ranks files, or both), ordered by rank,
     with the job's world size and the ranks none of them holds as missing. Raises ValueError, naming the
     files, for a run without a rank among several, two runs of one rank, a rank outside the world, or files
-    of jobs of different sizes."""
+    of different jobs (their sizes, or their launcher's job ids, differ)."""
     runs: dict[int, tuple[str, Summary]] = {}
     worlds: dict[int, str] = {}
+    job_ids: dict[str, str] = {}  # a launcher's job id -> the first file of it
     missing: set[int] = set()
     several = sum(len(job.runs) for _, job in named) > 1
     for path, job in named:
@@ -74,9 +75,15 @@ def combine_jobs(named: Sequence[tuple[str, AllRanks]]) -> AllRanks:
                 rank = 0
             if type(world) is int:
                 worlds.setdefault(world, path)
+            job_id = run.metadata.get("job")
+            if isinstance(job_id, str):
+                job_ids.setdefault(job_id, path)
             if rank in runs:
                 raise ValueError(f"two runs are rank {rank} ({runs[rank][0]} and {path}): give one run per rank")
             runs[rank] = (path, run)
+    if len(job_ids) > 1:
+        (_, first), (_, second) = list(job_ids.items())[:2]
+        raise ValueError(f"{first} and {second} are runs of different jobs (torchrun ids): give the files of one job")
     if len(worlds) > 1:
         (a, first), (b, second) = list(worlds.items())[:2]
         raise ValueError(f"{first} is of a job of {a} ranks, {second} of {b}: give the files of one job")
