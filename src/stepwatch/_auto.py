@@ -113,7 +113,6 @@ class AutoSession:
         self.loop_depth = 0
         self.instrumented: weakref.WeakSet[Any] = weakref.WeakSet()  # the DataLoaders watched, to undo
         self.busy = 0  # auto blocks open (nested patched calls are plain)
-        self.blocks = 0  # auto blocks opened so far
         self.open_blocks: list[Block] = []  # optimizer blocks opened by the pre-step hook
         self.backward_calls = 0
         self.training_blocks = 0  # forward, loss and backward blocks of training (not evaluation) so far

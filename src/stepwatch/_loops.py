@@ -222,23 +222,17 @@ def iterate(
             if outer and index >= warmup:
                 phase.schedule_pos += 1
             index += 1
-            if driven and sw._measuring:
+            starting: bool | None = None  # set when a measured step starts: is it the loop's one-off first step
+            if driven and sw._measuring:  # no wait to close: the step starts at once
                 if sw._local is not local:
                     local, stack = sw._local, sw._thread_stack()
-                first = index == 1 and outer  # an evaluation's first forward (a loop in a step) is no one-off
-                if first and loop_phase is not None:
-                    loop_phase.in_first_step = True
-                body_frame = (LOOP, first_body_node if first else body_node, ready)
-                if device is not None:
-                    start, allocated, reserved = device.begin(body, stack[-1])
-                    body_frame = [*body_frame, start, allocated, reserved]
-                stack.append(body_frame)
+                starting = index == 1 and outer  # an evaluation's first forward (a loop in a step) is no one-off
             elif wait_frame is not None:
                 frame, wait_frame = wait_frame, None
                 if sw._local is not local:
                     local, stack = sw._local, sw._thread_stack()
-                first = frame[1] is first_node
-                if stack[-1] is frame and not first and device is None:  # close_frame's common case, inlined
+                starting = frame[1] is first_node
+                if stack[-1] is frame and not starting and device is None:  # close_frame's common case, inlined
                     del stack[-1]
                     elapsed = ready - frame[2]
                     buf = wait_node.buf
@@ -251,8 +245,9 @@ def iterate(
                     close_frame(sw, stack, frame, ready, loop_phase if frame[1] is wait_node else None)
                 if trace is not None and frame[1] is not DROPPED:
                     trace.events += (frame[1], frame[2], ready, stack)
-                node = first_body_node if first else body_node
-                if first and loop_phase is not None:
+            if starting is not None:
+                node = first_body_node if starting else body_node
+                if starting and loop_phase is not None:
                     loop_phase.in_first_step = True
                 if device is None:
                     body_frame = (LOOP, node, ready)

@@ -35,7 +35,6 @@ def _timed(name: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     current = session
     assert current is not None
     current.busy += 1
-    current.blocks += 1
     try:
         with current.sw.timed(name):
             return call(*args, **kwargs)
@@ -152,7 +151,6 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     block.__enter__()
     current.open_blocks.append(block)
     current.busy += 1
-    current.blocks += 1
 
 
 def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -207,14 +207,36 @@ def load_ranks(path: str | os.PathLike[str]) -> AllRanks:
     """Reads an all-ranks file (or one saved run, as a job of its own); errors as :func:`load_summary`'s."""
     from .distributed import AllRanks
 
+    raw, document = _read(path)
+    if document is None:
+        return AllRanks((parse_summary(raw, path),), 1)
+    return _ranks_of(document, path)
+
+
+def load(path: str | os.PathLike[str]) -> Summary | AllRanks:
+    """``stepwatch.load``: what ``save`` wrote: a saved run as a :class:`Summary`, an all-ranks file (``save(...,
+    ranks="all")``, ``stepwatch merge``) as :class:`~stepwatch.distributed.AllRanks`. Errors as
+    :func:`load_summary`'s."""
+    raw, document = _read(path)
+    return parse_summary(raw, path) if document is None else _ranks_of(document, path)
+
+
+def _read(path: str | os.PathLike[str]) -> tuple[bytes, dict[str, Any] | None]:
+    """The file's bytes, and its document when it is an all-ranks file (else None: ``parse_summary`` reads
+    a run, or says why the bytes are none)."""
     with open(path, "rb") as file:
         raw = file.read()
     try:
         document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError):
-        document = None  # parse_summary says why
-    if not isinstance(document, dict) or document.get("format") != RANKS_FORMAT:
-        return AllRanks((parse_summary(raw, path),), 1)
+        return raw, None
+    return raw, document if isinstance(document, dict) and document.get("format") == RANKS_FORMAT else None
+
+
+def _ranks_of(document: dict[str, Any], path: str | os.PathLike[str]) -> AllRanks:
+    """The runs of an all-ranks file's document, each checked as a saved run is."""
+    from .distributed import AllRanks
+
     schema = document.get("schema")
     if isinstance(schema, bool) or not isinstance(schema, int) or not 1 <= schema <= SCHEMA:
         raise FormatError(path, f"corrupt all-ranks file: schema {schema!r} is not one this stepwatch reads")
@@ -235,21 +257,6 @@ def load_ranks(path: str | os.PathLike[str]) -> AllRanks:
     if type(world) is not int or world < len(runs) + len(missing):
         raise FormatError(path, f"corrupt all-ranks file: world_size {world!r} is fewer than its ranks")
     return AllRanks(tuple(runs), world, tuple(missing))
-
-
-def load(path: str | os.PathLike[str]) -> Summary | AllRanks:
-    """``stepwatch.load``: what ``save`` wrote: a saved run as a :class:`Summary`, an all-ranks file (``save(...,
-    ranks="all")``, ``stepwatch merge``) as :class:`~stepwatch.distributed.AllRanks`. Errors as
-    :func:`load_summary`'s."""
-    with open(path, "rb") as file:
-        raw = file.read()
-    try:
-        document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        document = None  # parse_summary says why
-    if isinstance(document, dict) and document.get("format") == RANKS_FORMAT:
-        return load_ranks(path)
-    return parse_summary(raw, path)
 
 
 def load_summary(path: str | os.PathLike[str]) -> Summary:

@@ -139,6 +139,21 @@ def _load_runs(paths: list[str]) -> list[Summary] | None:
     return None if jobs is None else [run for job in jobs for run in job.runs]
 
 
+def _one_job(path: str, job: AllRanks) -> AllRanks | None:
+    """A file's job as ``report`` takes it (ordered by rank, checked: one run per rank, a rank that measured a
+    step), or None after one line on stderr: what ``report`` refuses, ``export`` and ``plot`` refuse too."""
+    from .distributed import combine_jobs
+
+    try:
+        checked = combine_jobs([(path, job)])
+        if len(checked.runs) > 1:
+            checked.report()
+    except ValueError as error:
+        print(f"stepwatch: {path}: {error}", file=sys.stderr)
+        return None
+    return checked
+
+
 def _report_ranks(paths: list[str]) -> int:
     """The report of one run, else the all-ranks report of an all-ranks file or of one run per rank (merged
     offline)."""
@@ -205,13 +220,10 @@ def _plot(paths: list[str], output: str) -> int:
     jobs = _load_jobs(paths)
     if jobs is None:
         return 2
-    for path, job in zip(paths, jobs, strict=True):
-        if len(job.runs) > 1:
-            try:
-                job.report()
-            except ValueError as error:
-                print(f"stepwatch: {path}: {error}", file=sys.stderr)
-                return 2
+    checked = [_one_job(path, job) for path, job in zip(paths, jobs, strict=True)]
+    if any(job is None for job in checked):
+        return 2
+    jobs = [job for job in checked if job is not None]
     try:
         if len(jobs) == 1:
             job = jobs[0]
@@ -257,7 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs = _load_jobs([args.file])
     if jobs is None:
         return 2
-    job, runs = jobs[0], jobs[0].runs
+    one = _one_job(args.file, jobs[0])
+    if one is None:
+        return 2
+    job, runs = one, one.runs
     chosen = FORMATS[args.format] if args.format else None
     if args.output:
         guessed = format_for_path(args.output)
@@ -277,12 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if len(runs) > 1 and chosen.render_ranks is not None:
-        try:
-            job.report()  # refused as `report` refuses it: two runs of one rank, or no rank with a step
-        except ValueError as error:
-            print(f"stepwatch: {args.file}: {error}", file=sys.stderr)
-            return 2
     if len(runs) == 1 and not (job.missing and chosen.render_ranks is not None):
         text = chosen.render(runs[0])
     elif chosen.render_ranks is not None:  # several ranks, or one that answered for a job of several
