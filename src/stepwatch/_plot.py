@@ -291,26 +291,13 @@ def _over_time(axes: Any, runs: Sequence[Summary]) -> None:
     if others:
         median = sorted(_mean_step(run) for run in others)[len(others) // 2]
         last = max(run.main_phase.steps for run in others)
-        axes.plot(
-            [max(last - 50, 1), last],
-            [median * MS] * 2,
-            linewidth=1.5,
-            linestyle=":",
-            label=f"{len(others)} other ranks (median of their means)",
-            color="#555555",
-        )
+        _level(axes, last, median, f"{len(others)} other ranks (median of their means)", ":", "#555555", 1.5)
         drawn = True
     for index, run in windowless:
         phase = run.main_phase
         last = max(phase.steps, 1)
-        axes.plot(
-            [max(last - 50, 1), last],
-            [phase.measured / phase.steps * MS] * 2,
-            linewidth=1,
-            linestyle="--",
-            label=f"rank {_rank(run, index)} (mean: no window kept)",
-            color=COLORS[index % len(COLORS)],
-        )
+        label = f"rank {_rank(run, index)} (mean: no window kept)"
+        _level(axes, last, _mean_step(run), label, "--", COLORS[index % len(COLORS)])
         drawn = True
     axes.set_xlabel("step")
     axes.set_ylabel("ms")
@@ -320,6 +307,12 @@ def _over_time(axes: Any, runs: Sequence[Summary]) -> None:
     else:
         axes.text(0.5, 0.5, "no loop measured", ha="center", va="center", transform=axes.transAxes)
     axes.grid(alpha=0.3)
+
+
+def _level(axes: Any, last: int, seconds: float, label: str, style: str, color: str, width: float = 1.0) -> None:
+    """A flat line over the last 50 steps up to ``last``, at ``seconds`` per step: a rank (or ranks) drawn by a
+    mean, where no window of recent steps is there to draw."""
+    axes.plot([max(last - 50, 1), last], [seconds * MS] * 2, linewidth=width, linestyle=style, label=label, color=color)
 
 
 def _mean_step(run: Summary) -> float:
