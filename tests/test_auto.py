@@ -337,7 +337,10 @@ def test_a_nanogpt_shaped_loop_reports_evaluation_as_val(tmp_path: Path) -> None
     # the training step is a training iteration only: by the program's own clock, without the evaluations
     plain = [it["s"] for it in own["iterations"][2:] if not it["evaluated"]]
     assert train_phase.stages["step"].mean == pytest.approx(sum(plain) / len(plain), rel=0.1)
-    assert train_phase.stages["step"].std < 0.2 * train_phase.stages["step"].mean
+    # no step holds an evaluation: each is shorter than an evaluation's own forwards (2 x 5 busy-waits of 2 ms),
+    # however the machine preempts a plain step
+    evaluation_s = own["eval_forwards"] * own["forward_s"]
+    assert train_phase.stages["step"].max_ns * 1e-9 < evaluation_s
     assert "evaluations inside training steps" in summary.metadata["auto"]
 
 

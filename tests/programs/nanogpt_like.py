@@ -81,4 +81,5 @@ while True:
         break
 
 with open(sys.argv[1], "w") as file:
-    json.dump({"iterations": iterations, "optimizer_steps": iter_num, "eval_forwards": 2 * EVAL_ITERS}, file)
+    own = {"iterations": iterations, "optimizer_steps": iter_num, "eval_forwards": 2 * EVAL_ITERS}
+    json.dump({**own, "forward_s": FORWARD_S}, file)
