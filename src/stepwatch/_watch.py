@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -98,7 +99,7 @@ class Unwrapping:
     ``receiver`` while a ``watch()`` loop consumes the loader, and are dropped otherwise."""
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
+        self._loader = weakref.ref(loader)  # the loader holds this object: a strong reference back is a cycle
         self.receiver: Callable[[WorkerReport], None] | None = None
         self.on_batch: Callable[[Any], None] | None = None  # sees every batch handed out (a framework's count)
         iterator = loader.__dict__.get("_iterator")
@@ -110,14 +111,35 @@ class Unwrapping:
                 " loader is first iterated"
             )
 
+    @property
+    def loader(self) -> Any:
+        return self._loader()
+
     def __getstate__(self) -> dict[str, Any]:
         return {"loader": self.loader, "receiver": None, "on_batch": None}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._loader = weakref.ref(state["loader"])
+        self.receiver = self.on_batch = None
+
     def __call__(self) -> Any:
-        return self.wrap(type(self.loader)._get_iterator(self.loader))
+        loader = self.loader
+        return self.wrap(type(loader)._get_iterator(loader))
 
     def wrap(self, iterator: Any) -> Any:
-        next_data = iterator._next_data
+        """Makes ``iterator`` unwrap what it hands out. Neither this object nor the iterator's new
+        ``_next_data`` holds the iterator strongly: a DataLoader iterator caught in a reference cycle is shut
+        down by the garbage collector, in an order that leaves its workers waiting 5 s each before torch kills
+        them (a stall of the training process at some later collection)."""
+        own = iterator.__dict__.get("_next_data")  # an earlier wrapping's, itself holding no strong reference
+        if own is not None:
+            next_data = own
+        else:
+            method = type(iterator)._next_data
+            iterator_ref = weakref.ref(iterator)
+
+            def next_data() -> Any:
+                return method(iterator_ref())
 
         def unwrapped_next_data() -> Any:
             item = next_data()
