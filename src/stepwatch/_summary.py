@@ -7,6 +7,7 @@ ranks, resumed runs).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -335,9 +336,10 @@ class PhaseSummary:
         object.__setattr__(self, "counters", MappingProxyType(dict(self.counters)))
         object.__setattr__(self, "workers", MappingProxyType(dict(self.workers)))
 
-    @property
+    @functools.cached_property
     def measured_ns(self) -> int:
-        """Denominator of shares: the loop's loader+step time, else the top-level stages (one-offs apart)."""
+        """Denominator of shares: the loop's loader+step time, else the top-level stages (one-offs apart).
+        Kept once computed (the summary is immutable): every row's share reads it."""
         if self.loop_ns:
             return self.loop_ns
         return sum(s.total_ns for s in self.stages.values() if "/" not in s.path and s.path not in ONE_OFF)
