@@ -609,7 +609,7 @@ def test_counters_never_break_saving_or_reporting(tmp_path: object, value: float
 def test_stage_names_are_capped_and_memory_stays_bounded(caplog: pytest.LogCaptureFixture) -> None:
     import tracemalloc
 
-    from stepwatch._tree import MAX_STAGES, OVERFLOW
+    from stepwatch._constants import MAX_STAGES, OVERFLOW
 
     sw = enabled()
     for i in range(MAX_STAGES + 5_000):

@@ -14,16 +14,19 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._summary import PhaseSummary, StageStats
+from ._constants import FIRST_BATCH
+
+if TYPE_CHECKING:
+    from ._summary import PhaseSummary, StageStats
 
 MODERATELY = 0.05
 """A share of the loop above which a cause is worth acting on (TensorFlow's "moderately")."""
 WAITING_WORKERS = 0.5
 """Workers that need a core (computing, or runnable and waiting for one) for less than this share of their
 busy time mostly wait (I/O, a remote read, ``sleep``): cores do not limit them."""
-WAIT, BODY, FIRST = "loader", "step", "first_batch"
+WAIT, BODY, FIRST = "loader", "step", FIRST_BATCH
 _COPY_NAMES = re.compile(r"h2d|to_device|copy|transfer|to_gpu|to_cuda", re.IGNORECASE)
 
 

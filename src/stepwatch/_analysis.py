@@ -26,10 +26,13 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._advice import BODY, MODERATELY, WAIT, common_advice, input_advice
-from ._summary import PhaseSummary, StageStats, Summary
+from ._constants import DEFAULT_PHASE
+
+if TYPE_CHECKING:
+    from ._summary import PhaseSummary, StageStats, Summary
 
 HIGHLY = 0.20
 HOST_BOUND = 0.50
@@ -191,7 +194,7 @@ class Comparison:
     """Loop time per step (data wait + step), the figure a training run's speed comes down to."""
     throughput: Mapping[str, tuple[float | None, float | None]]
     verdicts: tuple[Verdict, Verdict] | None
-    phase: str = "train"
+    phase: str = DEFAULT_PHASE
 
     def slower_than(self, percent: float, names: Sequence[str] = ()) -> list[str]:
         """What got slower by more than ``percent``: the step time, and each stage in ``names`` (a path like
@@ -210,7 +213,7 @@ class Comparison:
 def common_phases(before: Summary, after: Summary) -> list[str]:
     """The phases both runs measured, the main one (``train``) first: compared like with like."""
     names = [name for name in before.phases if name in after.phases]
-    return sorted(names, key=lambda name: name != "train")
+    return sorted(names, key=lambda name: name != DEFAULT_PHASE)
 
 
 def compare(before: Summary, after: Summary, phase: str | None = None) -> Comparison:
@@ -218,8 +221,7 @@ def compare(before: Summary, after: Summary, phase: str | None = None) -> Compar
     if phase is None:
         common = common_phases(before, after)
         phase = common[0] if common else before.main_phase.name
-    empty = PhaseSummary(phase, {}, {}, 0, 0)
-    a, b = before.phases.get(phase, empty), after.phases.get(phase, empty)
+    a, b = before.phase_or_empty(phase), after.phase_or_empty(phase)
     paths = merged_order(list(a.stages), list(b.stages))
     changes = tuple(StageChange(path, _mean(a, path), _mean(b, path)) for path in paths)
     step = StageChange("time per step", _per_step(a), _per_step(b))

@@ -22,8 +22,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import _patches
+from ._constants import DEFAULT_PHASE, VAL_PHASE
 from ._driven import DrivenLoop, is_empty, rename_phase
-from ._tree import DEFAULT_PHASE
 
 if TYPE_CHECKING:
     from ._blocks import Block
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("stepwatch")
 
-VAL_PHASE = "val"
 _SITE_DEPTH = 3
 """Frames above ``DataLoader.__iter__`` that tell one loop from another (the same progress-bar library line
 serves every loop that uses it)."""

@@ -17,8 +17,8 @@ from types import ModuleType
 from typing import Any
 
 from . import _patches
-from ._auto import VAL_PHASE, AutoSession
-from ._tree import DEFAULT_PHASE
+from ._auto import AutoSession
+from ._constants import DEFAULT_PHASE, VAL_PHASE
 
 logger = logging.getLogger("stepwatch")
 

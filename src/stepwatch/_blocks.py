@@ -14,8 +14,8 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._summary import OTHER
-from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OVERFLOW
+from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OTHER, OVERFLOW
+from ._tree import DROPPED
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -63,7 +63,7 @@ class Block:
                 del stack[-1]
                 buf = frame[1].buf
                 buf.append(end - frame[2])
-                if len(buf) >= 1024:  # FOLD, inlined (DROPPED's buffer always reads as full)
+                if len(buf) >= FOLD:  # (DROPPED's buffer always reads as full)
                     sw._fold(frame[1])
             else:
                 sw._unwind(stack, self)
@@ -122,7 +122,7 @@ class TracedBlock(Block):
                 trace = sw._trace
                 if trace is not None and node is not DROPPED:
                     trace.events += (node, frame[2], end, stack)
-                if len(buf) >= 1024:  # FOLD, inlined
+                if len(buf) >= FOLD:
                     sw._fold(node)
             else:
                 sw._unwind(stack, self)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ._constants import FOLD
 from ._schema import printable
 
 MAX_PENDING = 4096
@@ -338,7 +339,7 @@ class DeviceTimer:
             return
         elapsed = self.backend.elapsed_ns(start, stop)
         node.device_buf.append(elapsed)
-        if len(node.device_buf) >= 1024:
+        if len(node.device_buf) >= FOLD:
             self.fold(node)
         if self.trace is not None and self._anchor is not None:  # when the device ran it, on the CPU's clock
             ran = self._anchor[1] + self.backend.elapsed_ns(self._anchor[0], start)

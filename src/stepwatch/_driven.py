@@ -13,8 +13,9 @@ from collections.abc import Generator
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
+from ._constants import DEFAULT_PHASE
 from ._loops import iterate
-from ._tree import DEFAULT_PHASE, Phase, collect
+from ._tree import Phase, collect
 
 if TYPE_CHECKING:
     from ._auto import AutoSession

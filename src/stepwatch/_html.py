@@ -9,8 +9,9 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from ._analysis import analyze
+from ._constants import ONE_OFF
 from ._render import rates, straggler_verdict
-from ._summary import ONE_OFF, PhaseSummary, Summary
+from ._summary import PhaseSummary, Summary
 from .distributed import missing_line
 
 if TYPE_CHECKING:

@@ -19,9 +19,10 @@ from collections.abc import Generator, Iterable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD
 from ._device import _Loop
 from ._periodic import tick
-from ._tree import DEFAULT_PHASE, DROPPED, FIRST_BATCH, FIRST_STEP, FOLD, LOOP, Frame, Phase, pop_frame
+from ._tree import DROPPED, LOOP, Frame, Phase, pop_frame
 from ._watch import loader_config
 from .distributed import seen_by
 

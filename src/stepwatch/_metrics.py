@@ -3,7 +3,8 @@ bar): ``stepwatch/<phase>/<figure>``. The keys are part of the public surface; t
 
 from __future__ import annotations
 
-from ._summary import ONE_OFF, OTHER, Summary
+from ._constants import ONE_OFF, OTHER
+from ._summary import Summary
 
 PREFIX = "stepwatch"
 

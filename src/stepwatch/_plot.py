@@ -10,7 +10,8 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._summary import ONE_OFF, PhaseSummary, Summary
+from ._constants import ONE_OFF
+from ._summary import PhaseSummary, Summary
 
 if TYPE_CHECKING:
     from .distributed import AllRanks

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ._summary import ONE_OFF, OTHER, PhaseSummary, Summary
+from ._constants import DEFAULT_PHASE, ONE_OFF, OTHER
+from ._summary import PhaseSummary, Summary
 
 if TYPE_CHECKING:
     from ._analysis import Comparison
@@ -136,7 +137,7 @@ def ranks_report(summaries: Sequence[Summary], phase: str | None = None) -> Rank
             raise ValueError(f"two runs are rank {rank}: give one run per rank")
         by_rank[rank] = summary
     if phase is None:
-        phase = next((s.main_phase.name for s in by_rank.values() if s.phases), "train")
+        phase = next((s.main_phase.name for s in by_rank.values() if s.phases), DEFAULT_PHASE)
     phases: dict[int, PhaseSummary] = {
         rank: s.phases[phase] for rank, s in sorted(by_rank.items()) if phase in s.phases and s.phases[phase].steps
     }

@@ -10,9 +10,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from ._constants import DEFAULT_PHASE
 from ._stats import Partial
 from ._trace import Trace
-from ._tree import DEFAULT_PHASE, DROPPED, Node, Phase, WorkerTotals, take_from
+from ._tree import DROPPED, Node, Phase, WorkerTotals, take_from
 from ._workers import WorkerReport
 
 if TYPE_CHECKING:

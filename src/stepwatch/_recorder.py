@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_loop_names, check_name
+from ._constants import DEFAULT_PHASE, MAX_STAGES, OVERFLOW
 from ._device import DeviceTimer
 from ._loops import LoopSite, iterate
 from ._periodic import Every, Periodic
@@ -27,16 +28,7 @@ from ._schedule import Schedule, as_count, check_steps, check_window, out_path
 from ._stacks import ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import LOOSE_EVENTS, MAX_TRACE_STEPS, Trace
-from ._tree import (
-    DEFAULT_PHASE,
-    DROPPED,
-    MAX_STAGES,
-    OVERFLOW,
-    Frame,
-    Node,
-    Phase,
-    fold,
-)
+from ._tree import DROPPED, Frame, Node, Phase, fold
 from ._watch import WatchedLoader
 
 T = TypeVar("T")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ._tree import DEFAULT_PHASE, DROPPED, LOOP, Frame, Node, Phase, dropped_copy
+from ._constants import DEFAULT_PHASE
+from ._tree import DROPPED, LOOP, Frame, Node, Phase, dropped_copy
 
 if TYPE_CHECKING:
     from ._blocks import Block

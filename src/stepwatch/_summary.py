@@ -14,18 +14,13 @@ from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ._constants import DEFAULT_PHASE, NS_PER_S, ONE_OFF, OTHER
 from ._device import OutOfMemory
 
 if TYPE_CHECKING:
     from ._analysis import Verdict
 from ._stats import RunningStats, percentile, pick_optional, variance_ns2
 from ._trace import TraceEvent
-
-NS_PER_S = 1e9
-OTHER = "other"
-"""Name of the synthetic child that holds the part of a parent stage no nested block covers."""
-ONE_OFF = ("first_batch", "first_step")
-"""The first step of each epoch (its wait and its body), recorded apart from the loop's steady state."""
 
 
 @dataclass(frozen=True)
@@ -439,11 +434,11 @@ class Summary:
 
     @property
     def main_phase(self) -> PhaseSummary:
-        if "train" in self.phases:
-            return self.phases["train"]
+        if DEFAULT_PHASE in self.phases:
+            return self.phases[DEFAULT_PHASE]
         if self.phases:
             return next(iter(self.phases.values()))
-        return PhaseSummary("train", {}, {}, 0, 0)
+        return PhaseSummary(DEFAULT_PHASE, {}, {}, 0, 0)
 
     @property
     def stages(self) -> Mapping[str, StageStats]:
@@ -455,6 +450,11 @@ class Summary:
 
     def share(self, path: str) -> float:
         return self.main_phase.share(path)
+
+    def phase_or_empty(self, name: str) -> PhaseSummary:
+        """The phase ``name``, or an empty one of that name when this run has none (to compare like with like)."""
+        phase = self.phases.get(name)
+        return phase if phase is not None else PhaseSummary(name, {}, {}, 0, 0)
 
     @property
     def verdict(self) -> Verdict:

@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from ._constants import DEFAULT_PHASE
+
 MAX_TRACE_STEPS = 100_000
 LOOSE_EVENTS = 100_000
 """At most this many events wait for their step to end (blocks with no loop, or a step of more blocks): past
@@ -81,7 +83,7 @@ class Trace:
         for ident, stack in stacks.items():
             lanes[id(stack)] = f"thread {names.get(ident, ident)}"
         result = []
-        last = self.kept[-1][0] if self.kept else "train"
+        last = self.kept[-1][0] if self.kept else DEFAULT_PHASE
         current = list(self.events)  # the device's stages resolved since the last step (the summary's drain)
         late = [current[i : i + 4] for i in range(0, len(current) - 3, 4) if _late(current[i + 3])]
         for phase, events in [*list(self.kept), (last, [item for event in late for item in event])]:

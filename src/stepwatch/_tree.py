@@ -13,23 +13,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from ._constants import FOLD
 from ._stats import Partial, RunningStats, partial_of
 from ._summary import StageStats, WorkerStats
 from ._workers import WorkerReport
-
-FOLD = 1024
-"""Measurements buffered per stage before they are folded into the running statistics."""
-
-DEFAULT_PHASE = "train"
-FIRST_BATCH = "first_batch"
-"""Where the wait for the first item of each epoch goes, apart from the steady-state ``loader`` wait."""
-FIRST_STEP = "first_step"
-"""Where the body of the first step of each epoch goes: the whole first step (wait, body and counts) is a
-one-off, reported apart from the steady state."""
-OVERFLOW = "(overflow)"
-"""The row that collects the stages past :data:`MAX_STAGES` distinct ones."""
-MAX_STAGES = 10_000
-"""Distinct stages (and stage names) kept; more are folded into :data:`OVERFLOW`, so memory stays bounded."""
 
 LOOP = object()
 """Owner of a timed iterator's wait or body frame."""

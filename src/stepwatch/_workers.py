@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from ._constants import FOLD
 from ._stats import Partial
 
 if TYPE_CHECKING:
@@ -236,7 +237,7 @@ class TimedGetItems:
                     with block:
                         append(dataset[rest])
                 break
-        if len(buf) >= 1024:  # FOLD (_tree imports this module)
+        if len(buf) >= FOLD:
             stopwatch._fold(node)
         return samples
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .._summary import ONE_OFF, OTHER
-from .._tree import DROPPED, FOLD, OVERFLOW
+from .._constants import FOLD, ONE_OFF, OTHER, OVERFLOW
+from .._tree import DROPPED
 
 TRANSPARENT = frozenset({"run_training_epoch", "run_training_batch"})
 TEST, PREDICT = "test", "predict"

@@ -31,10 +31,10 @@ from typing import Any
 
 from .. import _default
 from .._auto import batch_size
+from .._constants import DEFAULT_PHASE
 from .._driven import Beats, set_base_phase
 from .._patches import Patches
 from .._summary import Summary
-from .._tree import DEFAULT_PHASE
 from .._watch import instrument_always, uninstrument
 from ..distributed import AllRanks, end_report, in_job
 from ._lightning_actions import GROUPS, PREDICT, STAGES, TEST, TRANSPARENT, parse, record, safe

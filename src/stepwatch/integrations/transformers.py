@@ -33,9 +33,9 @@ from typing import Any
 
 from .. import _default
 from .._auto import batch_size
+from .._constants import DEFAULT_PHASE
 from .._driven import Beats
 from .._summary import Summary
-from .._tree import DEFAULT_PHASE
 from .._watch import inner_loader, instrument_always, loader_config, uninstrument
 from ..distributed import end_report, is_rank_zero
 
