@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import stepwatch
-from stepwatch.distributed import _encode
+from stepwatch._gather import _encode
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPEATS = 20

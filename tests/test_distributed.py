@@ -14,9 +14,10 @@ import pytest
 import torch.multiprocessing as mp
 
 import stepwatch
+from stepwatch._all_ranks import load_ranks
 from stepwatch._ranks import RanksReport, ranks_report
 from stepwatch._render import render_ranks
-from stepwatch._saved import load_ranks, save_ranks
+from stepwatch._saved import save_ranks
 from stepwatch.distributed import gather_timeout, rank_info, rank_path
 
 from .conftest import PYTHON, FakeClock, rank_runs, subprocess_env

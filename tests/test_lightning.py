@@ -145,7 +145,7 @@ def test_on_two_ddp_ranks_rank_0_gathers_and_reports_all_ranks(tmp_path: Path) -
     assert output.count("stepwatch · all ranks · train · 2 ranks") == 1  # on rank 0 only
     assert "run saved to runs/l.json" in output
     assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["l.json", "l.rank0.json", "l.rank1.json"]
-    gathered = stepwatch._saved.load_ranks(tmp_path / "runs" / "l.json")
+    gathered = stepwatch._all_ranks.load_ranks(tmp_path / "runs" / "l.json")
     assert [run.metadata["rank"] for run in gathered.runs] == [0, 1] and not gathered.missing
     own = [stepwatch.load(tmp_path / "runs" / f"l.rank{rank}.json") for rank in (0, 1)]
     for run, alone in zip(gathered.runs, own, strict=True):

@@ -17,11 +17,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import stepwatch
-from stepwatch import _plot
-from stepwatch._html import render_html
+from stepwatch._gather import _decode as decode
+from stepwatch._gather import _encode as encode
+from stepwatch._render import plot as _plot
+from stepwatch._render.html import render_html
 from stepwatch.distributed import AllRanks
-from stepwatch.distributed import _decode as decode
-from stepwatch.distributed import _encode as encode
 
 from .conftest import PYTHON, FakeClock, rank_runs, spin, subprocess_env
 

@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 import stepwatch
 from stepwatch import FormatError, Stopwatch
 from stepwatch._analysis import compare
-from stepwatch._html import render_html
 from stepwatch._render import FORMATS, render_comparison
+from stepwatch._render.html import render_html
 from stepwatch._saved import parse_summary, summary_to_json
 
 from .conftest import FakeClock
@@ -323,7 +323,7 @@ def test_corrupt_state_dict_is_refused_before_anything_is_replaced(clock: FakeCl
 def test_all_ranks_files_with_hostile_fields(tmp_path: Path, field: str) -> None:
     """An all-ranks file (the gather, stepwatch merge) of real runs, one field at a time made hostile: it
     loads, or it is a FormatError of one line."""
-    from stepwatch._saved import load_ranks
+    from stepwatch._all_ranks import load_ranks
 
     document = {
         "format": "stepwatch-ranks",
@@ -355,7 +355,7 @@ def test_all_ranks_files_with_hostile_fields(tmp_path: Path, field: str) -> None
 def test_gathered_payloads_corrupted_are_refused_with_one_line(run: str, data: st.DataObject) -> None:
     """What a rank sends rank 0 in a gather (compressed JSON of its summary), with bytes flipped, cut or
     fields made hostile: rank 0 reads a usable summary or refuses it with one line, never crashes."""
-    from stepwatch.distributed import _decode, _encode
+    from stepwatch._gather import _decode, _encode
 
     payload = _encode(parse_summary(json.dumps(RUNS[run]).encode()), windows=False)
     assert _decode(payload).phases.keys() == parse_summary(json.dumps(RUNS[run]).encode()).phases.keys()

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import stepwatch
-from stepwatch._chrome import trace_events
+from stepwatch._render.trace import trace_events
 
 from .conftest import PYTHON, FakeClock, rank_runs, spin, subprocess_env
 

@@ -146,7 +146,7 @@ def test_under_torchrun_rank_0_gathers_and_reports_all_ranks(tmp_path: Path) -> 
     assert result.stderr.count("stepwatch · all ranks · train · 2 ranks") == 1  # on rank 0 only
     assert result.stderr.count("stepwatch · train ·") == 1 and "run saved to runs/h.json" in result.stderr
     assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["h.json", "h.rank0.json", "h.rank1.json"]
-    gathered = stepwatch._saved.load_ranks(tmp_path / "runs" / "h.json")
+    gathered = stepwatch._all_ranks.load_ranks(tmp_path / "runs" / "h.json")
     assert [run.metadata["rank"] for run in gathered.runs] == [0, 1] and not gathered.missing
     assert all(run.main_phase.steps == 5 and "step/backward" in run.stages for run in gathered.runs)
 

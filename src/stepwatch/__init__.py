@@ -13,14 +13,15 @@ The module-level functions use one default :class:`Stopwatch`; create more for i
 
 from __future__ import annotations
 
+from . import _default_instance
+from ._all_ranks import AllRanks, load
 from ._autostart import auto
 from ._config import ConfigError, auto_from_env, enabled_from_env, out_from_env
 from ._recorder import Stopwatch
 from ._render import FORMATS
-from ._saved import FormatError, load
+from ._saved import FormatError
 from ._summary import PhaseSummary, StageStats, Summary
 from ._workers import TimedTransform as timed_transform
-from .distributed import AllRanks
 
 __all__ = [
     "AllRanks",
@@ -59,7 +60,7 @@ try:
 except Exception:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-_default = Stopwatch()
+_default = _default_instance.stopwatch = Stopwatch()
 
 enable = _default.enable
 disable = _default.disable

@@ -378,17 +378,3 @@ def _site(frame: Any) -> tuple[Any, ...]:
         site.append((frame.f_code, frame.f_lineno))
         frame = frame.f_back
     return tuple(site)
-
-
-def wrap_loader_iter(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
-    """``DataLoader.__iter__`` while auto-instrumenting: loops are watched when the stopwatch is on."""
-
-    def __iter__(loader: Any) -> Iterator[Any]:
-        current = _patches.session
-        if current is None or not current.sw._enabled:
-            return original(loader)
-        return current.loop(loader, original)
-
-    __iter__.__wrapped__ = original  # type: ignore[attr-defined]
-    __iter__.__doc__ = original.__doc__
-    return __iter__

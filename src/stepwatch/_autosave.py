@@ -17,11 +17,11 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .distributed import in_job
+from ._job import in_job
 
 if TYPE_CHECKING:
+    from ._all_ranks import AllRanks
     from ._recorder import Stopwatch
-    from .distributed import AllRanks
 
 logger = logging.getLogger("stepwatch")
 
@@ -125,7 +125,8 @@ def save_all(reason: str, final: bool = True, gather: bool = True) -> None:
 def _print_report(stopwatch: Stopwatch, gathered: AllRanks | None) -> None:
     """The report on stderr; in a job of several ranks, rank 0's own and the all-ranks report, on rank 0 only."""
     try:
-        from .distributed import end_report, is_rank_zero, rank_path
+        from ._all_ranks import end_report
+        from ._job import is_rank_zero, rank_path
 
         if not is_rank_zero():
             return

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from . import _patches
+from . import _default_instance, _patches
 from ._auto import AutoSession
 from ._constants import DEFAULT_PHASE, VAL_PHASE
 
@@ -67,8 +67,9 @@ def auto(on: bool = True, *, val_phase: str = VAL_PHASE, device: Any = "auto") -
     is ``"auto"`` (time the device once the program uses CUDA), ``"none"``, or a device to time from the
     start. ``auto(False)`` removes every patch and hook; what was recorded stays."""
     global _finder
-    from . import _default
     from ._blocks import check_name
+
+    default = _default_instance.stopwatch
 
     current = _patches.session
     if current is not None:
@@ -85,11 +86,11 @@ def auto(on: bool = True, *, val_phase: str = VAL_PHASE, device: Any = "auto") -
 
     if _end_steps not in _at_end:
         _at_end.append(_end_steps)
-    session = AutoSession(_default, val_phase, device)
+    session = AutoSession(default, val_phase, device)
     _patches.session = session
-    _default._describe_auto = session.found.describe
-    if not _default.is_enabled():
-        _default.enable()
+    default._describe_auto = session.found.describe
+    if not default.is_enabled():
+        default.enable()
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "utils"):
         session.install(torch)
@@ -123,17 +124,19 @@ def start_from_env() -> None:
     """``STEPWATCH=auto``: record the program with auto-instrumentation, save the run to ``STEPWATCH_OUT``
     (else a file named after the program) and print the report when it ends. A process that records
     nothing (a helper launched with the variable inherited) writes nothing."""
-    from . import _autosave, _default
+    from . import _autosave
     from ._config import OUT_VARIABLE, out_from_env
+
+    default = _default_instance.stopwatch
 
     named = out_from_env()
     try:
-        _default.enable(out=named or run_file(*_main_program()))
+        default.enable(out=named or run_file(*_main_program()))
     except ValueError as error:  # said now, in one line, not after the run; the program runs unrecorded
         where = f"{OUT_VARIABLE}={named!r}" if named is not None else "the default run file"
         sys.stderr.write(f"stepwatch: {where}: {error}; not recording (set {OUT_VARIABLE} to a writable file)\n")
         return
-    _autosave.install(_default, report=True, skip_empty=True)
+    _autosave.install(default, report=True, skip_empty=True)
     auto()
 
 

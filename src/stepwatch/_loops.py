@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD
 from ._device import _Loop
+from ._job import seen_by
+from ._loaders import loader_config
 from ._periodic import tick
 from ._tree import DROPPED, LOOP, Frame, Phase, pop_frame
-from ._watch import loader_config
-from .distributed import seen_by
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch

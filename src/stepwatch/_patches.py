@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
@@ -211,8 +211,6 @@ def install(patches: Patches, torch: Any, accelerator: bool) -> None:
     """Puts every patch on ``torch`` (already imported); ``accelerator`` adds the host-to-device copies."""
     from torch.optim import optimizer as optim_module
 
-    from ._auto import wrap_loader_iter
-
     patches.replace(torch.utils.data.DataLoader, "__iter__", wrap_loader_iter)
     patches.replace(torch.nn.Module, "__call__", wrap_module_call)
     patches.replace(torch.Tensor, "backward", wrap_backward)
@@ -229,3 +227,17 @@ def install_h2d(patches: Patches, torch: Any) -> None:
     if not patches.patched(torch.Tensor, "to"):
         patches.replace(torch.Tensor, "to", wrap_to)
         patches.replace(torch.Tensor, "cuda", wrap_cuda)
+
+
+def wrap_loader_iter(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
+    """``DataLoader.__iter__`` while auto-instrumenting: loops are watched when the stopwatch is on."""
+
+    def __iter__(loader: Any) -> Iterator[Any]:
+        current = session
+        if current is None or not current.sw._enabled:
+            return original(loader)
+        return current.loop(loader, original)
+
+    __iter__.__wrapped__ = original  # type: ignore[attr-defined]
+    __iter__.__doc__ = original.__doc__
+    return __iter__

@@ -11,15 +11,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
+from ._job import all_ranks_path
 from ._summary import DeviceLoad, PhaseSummary, StageStats, Summary
 from ._tree import Phase, collect
-from .distributed import all_ranks_path
 
 if TYPE_CHECKING:
+    from ._all_ranks import AllRanks
     from ._device import DeviceTimer
     from ._recorder import Stopwatch
     from ._trace import Trace
-    from .distributed import AllRanks
 
 
 class Results:
@@ -56,7 +56,7 @@ class Results:
             return self._snapshot()
         if ranks != "all":
             raise ValueError(f"ranks must be 'all' or None, got {ranks!r}")
-        from .distributed import gather
+        from ._gather import gather
 
         return gather(self._snapshot(), timeout=timeout)
 
@@ -127,9 +127,9 @@ class Results:
     ) -> tuple[str, AllRanks | None]:
         """Writes this rank's file; with ``gather``, also gathers the ranks onto rank 0, which writes the
         all-ranks file. Returns this rank's file and, on rank 0, what was gathered."""
+        from ._gather import gather as gather_ranks
+        from ._job import rank_path
         from ._saved import save_summary
-        from .distributed import gather as gather_ranks
-        from .distributed import rank_path
 
         written = rank_path(path)
         summary = self._snapshot()

@@ -19,7 +19,6 @@ from ._summary import Summary
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
-    from .distributed import AllRanks
 
 FORMAT = "stepwatch"
 RANKS_FORMAT = "stepwatch-ranks"
@@ -96,7 +95,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
 
 
 def _ranks() -> dict[str, int | None]:
-    from .distributed import rank_info
+    from ._job import rank_info
 
     info = rank_info()
     return {"rank": None, "local_rank": None, "world_size": None} if info is None else dict(info)
@@ -198,30 +197,7 @@ def _umask() -> int:
     return current
 
 
-def load_runs(path: str | os.PathLike[str]) -> list[Summary]:
-    """Reads a saved run, or the runs of an all-ranks file; errors as :func:`load_summary`'s."""
-    return list(load_ranks(path).runs)
-
-
-def load_ranks(path: str | os.PathLike[str]) -> AllRanks:
-    """Reads an all-ranks file (or one saved run, as a job of its own); errors as :func:`load_summary`'s."""
-    from .distributed import AllRanks
-
-    raw, document = _read(path)
-    if document is None:
-        return AllRanks((parse_summary(raw, path),), 1)
-    return _ranks_of(document, path)
-
-
-def load(path: str | os.PathLike[str]) -> Summary | AllRanks:
-    """``stepwatch.load``: what ``save`` wrote: a saved run as a :class:`Summary`, an all-ranks file (``save(...,
-    ranks="all")``, ``stepwatch merge``) as :class:`~stepwatch.distributed.AllRanks`. Errors as
-    :func:`load_summary`'s."""
-    raw, document = _read(path)
-    return parse_summary(raw, path) if document is None else _ranks_of(document, path)
-
-
-def _read(path: str | os.PathLike[str]) -> tuple[bytes, dict[str, Any] | None]:
+def read_document(path: str | os.PathLike[str]) -> tuple[bytes, dict[str, Any] | None]:
     """The file's bytes, and its document when it is an all-ranks file (else None: ``parse_summary`` reads
     a run, or says why the bytes are none)."""
     with open(path, "rb") as file:
@@ -231,32 +207,6 @@ def _read(path: str | os.PathLike[str]) -> tuple[bytes, dict[str, Any] | None]:
     except (ValueError, RecursionError):
         return raw, None
     return raw, document if isinstance(document, dict) and document.get("format") == RANKS_FORMAT else None
-
-
-def _ranks_of(document: dict[str, Any], path: str | os.PathLike[str]) -> AllRanks:
-    """The runs of an all-ranks file's document, each checked as a saved run is."""
-    from .distributed import AllRanks
-
-    schema = document.get("schema")
-    if isinstance(schema, bool) or not isinstance(schema, int) or not 1 <= schema <= SCHEMA:
-        raise FormatError(path, f"corrupt all-ranks file: schema {schema!r} is not one this stepwatch reads")
-    ranks = document.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise FormatError(path, 'corrupt all-ranks file: "ranks" must be a non-empty list of runs')
-    runs = []
-    for index, run in enumerate(ranks):
-        try:
-            text = json.dumps(run).encode("utf-8")
-        except (TypeError, ValueError, RecursionError):
-            raise FormatError(path, f"corrupt all-ranks file: run {index} cannot be read") from None
-        runs.append(parse_summary(text, f"{os.fspath(path)} (run {index})"))
-    missing = document.get("missing", [])
-    if not isinstance(missing, list) or not all(type(rank) is int and rank >= 0 for rank in missing):
-        raise FormatError(path, 'corrupt all-ranks file: "missing" must be a list of ranks')
-    world = document.get("world_size", len(runs) + len(missing))
-    if type(world) is not int or world < len(runs) + len(missing):
-        raise FormatError(path, f"corrupt all-ranks file: world_size {world!r} is fewer than its ranks")
-    return AllRanks(tuple(runs), world, tuple(missing))
 
 
 def load_summary(path: str | os.PathLike[str]) -> Summary:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ._blocks import check_loop_names
+from ._loaders import find_loaders, is_loader
+from ._loops import iterate
 from ._workers import (
     Carrier,
     TimedCollate,
@@ -31,65 +32,6 @@ if TYPE_CHECKING:
     from ._recorder import Stopwatch
 
 T = TypeVar("T")
-
-
-_WRAPPED_LOADER = ("base_dataloader", "dataloader", "_dataloader", "loader", "_loader")
-"""Attributes where wrappers keep the DataLoader they wrap (Accelerate's ``DataLoaderShard`` and
-``DataLoaderDispatcher`` keep ``base_dataloader``)."""
-
-
-def inner_loader(candidate: Any) -> Any | None:
-    """The torch DataLoader that ``candidate`` is or wraps: itself, the loader a wrapper keeps (Accelerate's
-    adapters, which forward every attribute to it), or the only DataLoader a loader of loaders holds
-    (Lightning's ``CombinedLoader`` with one loader); None when there is none, or several."""
-    for _ in range(4):
-        if candidate is None:
-            return None
-        torch = sys.modules.get("torch")
-        real = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
-        if real is not None and isinstance(real, type) and real in type(candidate).__mro__:
-            return candidate
-        own = getattr(candidate, "__dict__", {})
-        inner = next((own[name] for name in _WRAPPED_LOADER if own.get(name) is not None), None)
-        if inner is None:
-            found = find_loaders(candidate)
-            if len(found) != 1:
-                return candidate if real is None and _is_loader(candidate) else None
-            inner = found[0]
-        if inner is candidate:
-            return candidate
-        candidate = inner
-    return None
-
-
-def loader_config(loader: Any) -> dict[str, Any] | None:
-    """What the advice depends on, read off a DataLoader, or the one inside a wrapper or a loader of loaders
-    (None when there is none, or several: then the advice states no configured number): workers, batch size,
-    prefetching, persistence, pinning, the dataset's kind, the start method, torch's compute threads and the
-    machine's cores."""
-    loader = inner_loader(loader)
-    if loader is None or not all(hasattr(loader, name) for name in ("num_workers", "collate_fn", "dataset")):
-        return None
-    import multiprocessing
-
-    workers = getattr(loader, "num_workers", 0)
-    context = getattr(loader, "multiprocessing_context", None)
-    method = getattr(context, "_name", None) or (context if isinstance(context, str) else None)
-    batch_size = getattr(loader, "batch_size", None)
-    torch = sys.modules.get("torch")  # never imported here: a loader means it already is
-    threads = torch.get_num_threads() if torch is not None and hasattr(torch, "get_num_threads") else None
-    kinds = {cls.__name__ for cls in type(getattr(loader, "dataset", None)).__mro__}
-    return {
-        "num_workers": workers if isinstance(workers, int) else None,
-        "batch_size": batch_size if isinstance(batch_size, int) else None,
-        "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
-        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
-        "pin_memory": bool(getattr(loader, "pin_memory", False)),
-        "dataset": "iterable" if "IterableDataset" in kinds else "map",
-        "start_method": (method or multiprocessing.get_start_method(allow_none=True) or "default") if workers else None,
-        "torch_threads": int(threads) if threads is not None else None,
-        "cpu_count": os.cpu_count(),
-    }
 
 
 class Unwrapping:
@@ -181,7 +123,7 @@ class WatchedLoader(Generic[T]):
         loaders: Sequence[Any] | None = None,
     ) -> None:
         found = list(loaders) if loaders is not None else find_loaders(iterable)
-        if not found or not all(_is_loader(loader) for loader in found):
+        if not found or not all(is_loader(loader) for loader in found):
             raise TypeError(
                 f"watch() needs a torch.utils.data.DataLoader, or an iterable holding DataLoaders (or given as"
                 f" loaders=[...]), got {type(iterable).__name__}; time any other iterable with timed_iter()"
@@ -206,8 +148,6 @@ class WatchedLoader(Generic[T]):
             collate.enabled = init.enabled = enabled
         if not enabled:
             return iter(self.iterable)  # the loaders' own batches (unwrapped by Unwrapping)
-        from ._blocks import check_loop_names
-        from ._loops import iterate
 
         check_loop_names(self.stage, self.body, self.phase)
         return iterate(self.stopwatch, self._unwrapped(), self.stage, self.body, self.phase, source=self.loader)
@@ -239,25 +179,6 @@ class WatchedLoader(Generic[T]):
 
 LOADER_STRIDE = 1000
 """Worker ids of the k-th of several watched loaders start at k * LOADER_STRIDE."""
-
-
-def _is_loader(candidate: Any) -> bool:
-    return all(hasattr(candidate, name) for name in ("collate_fn", "worker_init_fn", "num_workers", "dataset"))
-
-
-def find_loaders(iterable: Any) -> list[Any]:
-    """The DataLoaders an iterable is or holds: itself, or those among its attributes (also inside a list,
-    tuple or dict attribute), as loaders of loaders keep them (Lightning's ``CombinedLoader``, metatrain's
-    ``CombinedDataLoader``)."""
-    if _is_loader(iterable):
-        return [iterable]
-    found: list[Any] = []
-    for value in getattr(iterable, "__dict__", {}).values():
-        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
-        for candidate in values:
-            if _is_loader(candidate) and not any(candidate is known for known in found):
-                found.append(candidate)
-    return found
 
 
 def instrument_always(loader: Any, stopwatch: Stopwatch) -> None:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from . import _default_instance
 from ._constants import FOLD
 from ._stats import Partial
 
@@ -121,9 +122,7 @@ def _lending_default(stopwatch: Stopwatch) -> Iterator[None]:
 
 
 def _default_stopwatch() -> Stopwatch:
-    import stepwatch
-
-    return stepwatch._default
+    return _default_instance.stopwatch
 
 
 class TimedCollate:

@@ -16,7 +16,7 @@ from ._saved import FormatError, write_atomically
 from ._summary import Summary
 
 if TYPE_CHECKING:
-    from .distributed import AllRanks
+    from ._all_ranks import AllRanks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,7 +118,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _load_jobs(paths: list[str]) -> list[AllRanks] | None:
     """Each file as a job: a saved run (a job of one rank) or an all-ranks file; None after one line on stderr."""
-    from ._saved import load_ranks
+    from ._all_ranks import load_ranks
 
     jobs: list[AllRanks] = []
     for path in paths:
@@ -142,7 +142,7 @@ def _load_runs(paths: list[str]) -> list[Summary] | None:
 def _one_job(path: str, job: AllRanks) -> AllRanks | None:
     """A file's job as ``report`` takes it (ordered by rank, checked: one run per rank, a rank that measured a
     step), or None after one line on stderr: what ``report`` refuses, ``export`` and ``plot`` refuse too."""
-    from .distributed import combine_jobs
+    from ._all_ranks import combine_jobs
 
     try:
         checked = combine_jobs([(path, job)])
@@ -157,7 +157,8 @@ def _one_job(path: str, job: AllRanks) -> AllRanks | None:
 def _report_ranks(paths: list[str]) -> int:
     """The report of one run, else the all-ranks report of an all-ranks file or of one run per rank (merged
     offline)."""
-    from .distributed import combine_jobs, missing_line
+    from ._all_ranks import combine_jobs
+    from ._render import missing_line
 
     jobs = _load_jobs(paths)
     if jobs is None:
@@ -186,8 +187,8 @@ def _report_ranks(paths: list[str]) -> int:
 def _merge(paths: list[str], output: str) -> int:
     """``stepwatch merge``: one all-ranks file from the ranks' runs (ordered by rank, with the job's world size
     and the ranks it lacks), checked to make an all-ranks report."""
+    from ._all_ranks import combine_jobs
     from ._saved import save_ranks
-    from .distributed import combine_jobs
 
     jobs = _load_jobs(paths)
     if jobs is None:
@@ -209,7 +210,7 @@ def _merge(paths: list[str], output: str) -> int:
 
 def _plot(paths: list[str], output: str) -> int:
     """``stepwatch plot``: one run (or all-ranks file) drawn, or two compared."""
-    from . import _plot as plots
+    from ._render import plot as plots
 
     if len(paths) > 2:
         print("stepwatch: plot takes one run, or two to compare (before and after)", file=sys.stderr)
@@ -242,6 +243,58 @@ def _plot(paths: list[str], output: str) -> int:
     return 0
 
 
+def _export(path: str, format_name: str | None, output: str | None) -> int:
+    """``stepwatch export``: one run, or a job's ranks, in the format asked for or guessed from ``output``'s
+    extension; written atomically to ``output`` (compressed for ``.gz``), else to stdout."""
+    jobs = _load_jobs([path])
+    if jobs is None:
+        return 2
+    one = _one_job(path, jobs[0])
+    if one is None:
+        return 2
+    job, runs = one, one.runs
+    chosen = FORMATS[format_name] if format_name else None
+    if output:
+        guessed = format_for_path(output)
+        if chosen is None and guessed is None:
+            known = ", ".join(ext for format in FORMATS.values() for ext in format.extensions)
+            print(f"stepwatch: cannot tell the format of {output} ({known}): give --format", file=sys.stderr)
+            return 2
+        if chosen is not None and guessed is not None and guessed is not chosen:
+            print(f"stepwatch: --format {chosen.name} does not match {output}", file=sys.stderr)
+            return 2
+        chosen = chosen or guessed
+    chosen = chosen or FORMATS["text"]
+    if chosen.name == "trace" and not any(run.trace for run in runs):
+        print(
+            f"stepwatch: {path} kept no timeline: record with Stopwatch(trace_steps=200) or"
+            " stepwatch run --trace-steps 200",
+            file=sys.stderr,
+        )
+        return 2
+    if len(runs) == 1 and not (job.missing and chosen.render_ranks is not None):
+        text = chosen.render(runs[0])
+    elif chosen.render_ranks is not None:  # several ranks, or one that answered for a job of several
+        text = chosen.render_ranks(job)
+    else:
+        print(
+            f"stepwatch: {path} holds {len(runs)} ranks: export it as html or trace, or one rank's own file"
+            f" as {chosen.name}",
+            file=sys.stderr,
+        )
+        return 2
+    if output:
+        data = text.encode("utf-8")
+        try:
+            write_atomically(gzip.compress(data) if output.lower().endswith(".gz") else data, output)
+        except OSError as error:
+            print(f"stepwatch: {output}: cannot write: {error.strerror or error}", file=sys.stderr)
+            return 2
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code (2 for a bad file or bad arguments)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -266,53 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_ranks(args.file)
     if args.command == "plot":
         return _plot(args.file, args.output)
-    jobs = _load_jobs([args.file])
-    if jobs is None:
-        return 2
-    one = _one_job(args.file, jobs[0])
-    if one is None:
-        return 2
-    job, runs = one, one.runs
-    chosen = FORMATS[args.format] if args.format else None
-    if args.output:
-        guessed = format_for_path(args.output)
-        if chosen is None and guessed is None:
-            known = ", ".join(ext for format in FORMATS.values() for ext in format.extensions)
-            print(f"stepwatch: cannot tell the format of {args.output} ({known}): give --format", file=sys.stderr)
-            return 2
-        if chosen is not None and guessed is not None and guessed is not chosen:
-            print(f"stepwatch: --format {chosen.name} does not match {args.output}", file=sys.stderr)
-            return 2
-        chosen = chosen or guessed
-    chosen = chosen or FORMATS["text"]
-    if chosen.name == "trace" and not any(run.trace for run in runs):
-        print(
-            f"stepwatch: {args.file} kept no timeline: record with Stopwatch(trace_steps=200) or"
-            " stepwatch run --trace-steps 200",
-            file=sys.stderr,
-        )
-        return 2
-    if len(runs) == 1 and not (job.missing and chosen.render_ranks is not None):
-        text = chosen.render(runs[0])
-    elif chosen.render_ranks is not None:  # several ranks, or one that answered for a job of several
-        text = chosen.render_ranks(job)
-    else:
-        print(
-            f"stepwatch: {args.file} holds {len(runs)} ranks: export it as html or trace, or one rank's own file"
-            f" as {chosen.name}",
-            file=sys.stderr,
-        )
-        return 2
-    if args.output:
-        data = text.encode("utf-8")
-        try:
-            write_atomically(gzip.compress(data) if args.output.lower().endswith(".gz") else data, args.output)
-        except OSError as error:
-            print(f"stepwatch: {args.output}: cannot write: {error.strerror or error}", file=sys.stderr)
-            return 2
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _export(args.file, args.format, args.output)
 
 
 def entry_point() -> None:

@@ -194,8 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _pictures(runs: list[tuple[str, stepwatch.Summary]], folder: str) -> None:
     """Each run as a one-file HTML report, and a PNG of both runs compared; their paths printed."""
-    from . import _plot
-    from ._html import render_html
+    from ._render import plot as _plot
+    from ._render.html import render_html
 
     for path, summary in runs:
         page = os.path.splitext(path)[0] + ".html"

@@ -126,7 +126,7 @@ def gather_every(rank, world, init_file, out):
         with sw.timed("forward"):
             dist.barrier()
         if rank == 0 and index in (5, 9):
-            seen.append([run.main_phase.steps for run in stepwatch._saved.load_runs(out)])
+            seen.append([run.main_phase.steps for run in stepwatch._all_ranks.load_runs(out)])
     if rank == 0:
         with open(out + ".seen", "w") as file:
             json.dump(seen, file)

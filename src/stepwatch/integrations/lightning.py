@@ -30,13 +30,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _default
+from .._all_ranks import AllRanks, end_report
 from .._auto import batch_size
 from .._constants import DEFAULT_PHASE
 from .._driven import Beats, set_base_phase
+from .._job import in_job
 from .._patches import Patches
 from .._summary import Summary
 from .._watch import instrument_always, uninstrument
-from ..distributed import AllRanks, end_report, in_job
 from ._lightning_actions import GROUPS, PREDICT, STAGES, TEST, TRANSPARENT, parse, record, safe
 
 try:
@@ -50,6 +51,9 @@ except ImportError:  # the older package name
         raise ImportError(
             "stepwatch.integrations.lightning needs Lightning 2.0 or newer: pip install 'stepwatch[lightning]'"
         ) from error
+
+
+__all__ = ["StepwatchProfiler"]
 
 
 class StepwatchProfiler(Profiler):

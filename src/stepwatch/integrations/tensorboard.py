@@ -9,6 +9,8 @@ from typing import Any
 
 from .. import Stopwatch, _default
 
+__all__ = ["log"]
+
 
 def log(writer: Any, every: int = 100, *, stopwatch: Stopwatch | None = None) -> Callable[[], None]:
     """Writes the figures of ``stopwatch`` (default: the module-level one) through ``writer`` every ``every``

@@ -32,16 +32,21 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _default
+from .._all_ranks import end_report
 from .._auto import batch_size
 from .._constants import DEFAULT_PHASE
 from .._driven import Beats
+from .._job import is_rank_zero
+from .._loaders import inner_loader, loader_config
 from .._summary import Summary
-from .._watch import inner_loader, instrument_always, loader_config, uninstrument
-from ..distributed import end_report, is_rank_zero
+from .._watch import instrument_always, uninstrument
 
 _ATTACHED = "_stepwatch_attachment"
 """Where a trainer keeps its attachment (in its own ``__dict__``), so that attaching twice is attaching once."""
 _WRAPPED = ("get_batch_samples", "training_step", "_prepare_inputs", "compute_loss", "log", "evaluate")
+
+
+__all__ = ["Attachment", "attach", "metrics"]
 
 
 class Attachment:

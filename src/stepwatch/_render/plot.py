@@ -10,11 +10,11 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._constants import ONE_OFF
-from ._summary import PhaseSummary, Summary
+from .._constants import ONE_OFF
+from .._summary import PhaseSummary, Summary
 
 if TYPE_CHECKING:
-    from .distributed import AllRanks
+    from .._all_ranks import AllRanks
 
 MS = 1e3
 COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974")
@@ -146,7 +146,7 @@ def run_figure(run: Summary | AllRanks, title: str = "") -> Any:
 
 def comparison_figure(before: Summary, after: Summary, before_name: str, after_name: str) -> Any:
     """Two runs side by side: ms per call of every stage of the main phase both measured."""
-    from ._analysis import common_phases, compare
+    from .._analysis import common_phases, compare
 
     plt = pyplot()
     phases = common_phases(before, after)
@@ -199,7 +199,7 @@ def main_first(summary: Summary) -> dict[str, PhaseSummary]:
 
 def save(figure: Any, path: str) -> None:
     """PNG, SVG or PDF by ``path``'s extension."""
-    from ._saved import write_atomically
+    from .._saved import write_atomically
 
     plt = pyplot()
     buffer = io.BytesIO()
@@ -223,7 +223,7 @@ def svg(figure: Any) -> str:
 
 
 def _rank(summary: Summary, index: int) -> int:
-    from ._ranks import rank_of
+    from .._ranks import rank_of
 
     return rank_of(summary, index)
 

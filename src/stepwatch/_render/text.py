@@ -1,24 +1,18 @@
-"""Renderers: turn a :class:`Summary` into text for people or files for tools. They read the summary only.
-
-``FORMATS`` is the one registry of output formats; the CLI's ``--format`` and the guess from a file's
-extension both use it.
-"""
+"""The text renderers: the report (phases, stages, workers, the verdict), comparisons of two runs, and the
+all-ranks report. They read a summary (or the ranks' report) only."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._analysis import Comparison, Verdict, analyze
-from ._ranks import RanksComparison, RanksReport
-from ._summary import PhaseSummary, StageStats, Summary
+from .._analysis import analyze
 
 if TYPE_CHECKING:
-    from .distributed import AllRanks
+    from .._analysis import Comparison, Verdict
+    from .._ranks import RanksComparison, RanksReport
+    from .._summary import PhaseSummary, StageStats, Summary
 
 MS = 1e3
 
@@ -67,7 +61,11 @@ def render_text(summary: Summary) -> str:
 
 
 MIB = 2**20
+
+
 _HEADER = ("stage", "calls", "total s", "ms/call", "± std", "p50 ms", "p90 ms", "p99 ms", "[n]", "% time")
+
+
 _DEVICE_HEADER = ("dev ms/call", "peak MiB")
 
 
@@ -193,103 +191,6 @@ def render_comparison(comparison: Comparison, before_name: str = "before", after
     return "\n".join(lines) + "\n"
 
 
-def _measurement_rows(summary: Summary) -> list[list[str]]:
-    """A header of ``phase:stage`` paths, then a row per measurement (the k-th most recent kept of each stage,
-    oldest first), durations in seconds; empty where a stage has fewer measurements."""
-    columns: list[tuple[str, tuple[int, ...]]] = []
-    for phase in summary.phases.values():
-        columns.extend(
-            (f"{phase.name}:{stage.path}", stage.recent_ns) for stage in phase.stages.values() if stage.spread
-        )
-    length = max((len(values) for _, values in columns), default=0)
-    rows = [[name for name, _ in columns]]
-    for index in range(length):
-        rows.append([f"{values[index] * 1e-9:.9f}" if index < len(values) else "" for _, values in columns])
-    return rows
-
-
-def render_tsv(summary: Summary) -> str:
-    """Per-measurement export, tab-separated (see :func:`_measurement_rows`)."""
-    return "\n".join("\t".join(row) for row in _measurement_rows(summary)) + "\n"
-
-
-def render_csv(summary: Summary) -> str:
-    """Per-measurement export as CSV (RFC 4180 quoting), the same rows and columns as the TSV."""
-    buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows(_measurement_rows(summary))
-    return buffer.getvalue()
-
-
-def render_json(summary: Summary) -> str:
-    from ._saved import summary_to_json
-
-    return summary_to_json(summary) + "\n"
-
-
-@dataclass(frozen=True)
-class Format:
-    name: str
-    render: Callable[[Summary], str]
-    extensions: tuple[str, ...]
-    description: str
-    render_ranks: Callable[[AllRanks], str] | None = None
-    """For the formats that also show a job's ranks (an all-ranks file)."""
-
-
-def render_html(summary: Summary) -> str:
-    from ._html import render_html as page
-
-    return page(summary, "run")
-
-
-def render_trace(summary: Summary) -> str:
-    from ._chrome import render_trace as trace
-
-    return trace(summary)
-
-
-def render_trace_ranks(job: AllRanks) -> str:
-    from ._chrome import render_trace_ranks as trace
-
-    return trace(job)
-
-
-def render_html_ranks(job: AllRanks) -> str:
-    from ._html import render_html as page
-
-    return page(job, "all ranks")
-
-
-FORMATS: dict[str, Format] = {
-    format.name: format
-    for format in (
-        Format("text", render_text, (".txt",), "the report table"),
-        Format("tsv", render_tsv, (".tsv",), "one row per measurement, one column per stage"),
-        Format("csv", render_csv, (".csv",), "the same as tsv, comma-separated"),
-        Format(
-            "trace",
-            render_trace,
-            ("trace.json", "trace.json.gz"),
-            "Chrome / Perfetto trace of the recent steps (Stopwatch(trace_steps=N))",
-            render_trace_ranks,
-        ),
-        Format("json", render_json, (".json",), "the saved-run file"),
-        Format(
-            "html", render_html, (".html", ".htm"), "one self-contained page: tables, verdict, plots", render_html_ranks
-        ),
-    )
-}
-
-
-def format_for_path(path: str) -> Format | None:
-    """The format whose extension ``path`` ends with, if any (``.gz`` aside: any format can be compressed)."""
-    lowered = path.lower().removesuffix(".gz")
-    for format in FORMATS.values():
-        if lowered.endswith(format.extensions):
-            return format
-    return None
-
-
 def render_ranks(report: RanksReport, world_size: int | None = None) -> str:
     """The all-ranks report: each stage's spread over the ranks, each rank's figures, the straggler."""
     count = len(report.ranks)
@@ -384,3 +285,11 @@ def render_ranks_comparison(comparison: RanksComparison, before_name: str = "bef
         )
         lines.append(f"straggler {label}: {named}")
     return "\n".join(lines) + "\n"
+
+
+def missing_line(missing: Sequence[int]) -> str:
+    """The line naming the ranks of a job that did not answer the gather."""
+    return (
+        f"missing: rank {', '.join(map(str, missing))}: no answer in time, or not among the files given (a rank's"
+        " own run file, if it wrote one, has its figures)"
+    )

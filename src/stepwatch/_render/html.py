@@ -8,14 +8,13 @@ import math
 from html import escape
 from typing import TYPE_CHECKING
 
-from ._analysis import analyze
-from ._constants import ONE_OFF
-from ._render import rates, straggler_verdict
-from ._summary import PhaseSummary, Summary
-from .distributed import missing_line
+from .._analysis import analyze
+from .._constants import ONE_OFF
+from .._summary import PhaseSummary, Summary
+from .text import missing_line, rates, straggler_verdict
 
 if TYPE_CHECKING:
-    from .distributed import AllRanks
+    from .._all_ranks import AllRanks
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
@@ -34,10 +33,8 @@ figure { margin: 1em 0; } svg { max-width: 100%; height: auto; }
 def render_html(run: Summary | AllRanks, title: str = "run", plots: bool = True) -> str:
     """The page for one run, or for the ranks of a job (their spread, the straggler, and rank 0's tables);
     ``plots=False`` leaves the plots out (drawing them is most of the time)."""
-    from .distributed import AllRanks
-
-    job = run if isinstance(run, AllRanks) else None
-    summary = run.runs[0] if isinstance(run, AllRanks) else run
+    job = None if isinstance(run, Summary) else run
+    summary = run if isinstance(run, Summary) else run.runs[0]
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -193,7 +190,7 @@ def _ranks(job: AllRanks) -> str:
 
 
 def _plots(run: Summary | AllRanks) -> str:
-    from . import _plot
+    from . import plot as _plot
 
     try:
         picture = _plot.svg(_plot.run_figure(run))

@@ -13,10 +13,10 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._summary import Summary
+from .._summary import Summary
 
 if TYPE_CHECKING:
-    from .distributed import AllRanks
+    from .._all_ranks import AllRanks
 
 
 def trace_events(runs: Sequence[Summary]) -> list[dict[str, Any]]:
