@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import stepwatch
-from stepwatch._workers import Carrier, WorkerReport
+from stepwatch._dataloader.in_workers import Carrier, WorkerReport
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -327,7 +327,7 @@ def test_the_configuration_is_read_through_wrappers_and_loaders_of_loaders() -> 
     from accelerate.data_loader import DataLoaderShard
     from lightning.pytorch.utilities import CombinedLoader
 
-    from stepwatch._loaders import inner_loader, loader_config
+    from stepwatch._dataloader.find import inner_loader, loader_config
 
     shard = DataLoaderShard(range(16), batch_size=4, num_workers=1, persistent_workers=True)
     assert inner_loader(shard) is shard.base_dataloader

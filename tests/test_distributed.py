@@ -17,7 +17,7 @@ import stepwatch
 from stepwatch._all_ranks import load_ranks
 from stepwatch._ranks import RanksReport, ranks_report
 from stepwatch._render import render_ranks
-from stepwatch._saved import save_ranks
+from stepwatch._run_file import save_ranks
 from stepwatch.distributed import gather_timeout, rank_info, rank_path
 
 from .conftest import PYTHON, FakeClock, rank_runs, subprocess_env
@@ -468,7 +468,7 @@ def test_load_and_render_accept_what_save_and_summary_produce(tmp_path: Path, cl
     assert stepwatch.load(again) == loaded  # the all-ranks file, as saved
     with pytest.raises(ValueError, match="per run: render one rank's run"):
         stepwatch.render(loaded, "csv")
-    stepwatch._saved.save_summary(runs[0], tmp_path / "one.json")
+    stepwatch._run_file.save_summary(runs[0], tmp_path / "one.json")
     assert isinstance(stepwatch.load(tmp_path / "one.json"), stepwatch.Summary)
 
 
@@ -498,7 +498,7 @@ def test_merge_keeps_the_jobs_shape_and_refuses_mixtures(tmp_path: Path, clock: 
     def rank_file(name: str, rank: int, world: int, job: str | None = None) -> str:
         (run,) = rank_runs(clock, [2 + rank], steps=3)
         run = dataclasses.replace(run, metadata={**run.metadata, "rank": rank, "world_size": world, "job": job})
-        stepwatch._saved.save_summary(run, tmp_path / name)
+        stepwatch._run_file.save_summary(run, tmp_path / name)
         return name
 
     def merge(*files: str) -> subprocess.CompletedProcess[str]:
@@ -531,9 +531,9 @@ def test_merge_keeps_the_jobs_shape_and_refuses_mixtures(tmp_path: Path, clock: 
     stray = rank_file("r5.json", 5, 2)
     other = rank_file("other.json", 1, 4)
     plain = tmp_path / "plain.json"
-    stepwatch._saved.save_summary(rank_runs(clock, [2], steps=3)[0], plain)
+    stepwatch._run_file.save_summary(rank_runs(clock, [2], steps=3)[0], plain)
     lonely = stepwatch.load(plain)
-    stepwatch._saved.save_summary(dataclasses.replace(lonely, metadata={**lonely.metadata, "rank": None}), plain)
+    stepwatch._run_file.save_summary(dataclasses.replace(lonely, metadata={**lonely.metadata, "rank": None}), plain)
     for files, message in (
         ((stray,), "r5.json holds rank 5 of a job of 2 ranks"),
         ((zero, other), "r0.json is of a job of 12 ranks, other.json of 4"),

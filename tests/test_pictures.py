@@ -102,7 +102,7 @@ def test_all_ranks_and_comparison_figures(run: stepwatch.Summary, clock: FakeClo
 
 
 def test_stepwatch_plot_writes_png_and_svg_and_refuses_bad_requests(run: stepwatch.Summary, tmp_path: Path) -> None:
-    stepwatch._saved.save_summary(run, tmp_path / "a.json")
+    stepwatch._run_file.save_summary(run, tmp_path / "a.json")
     for name in ("a.png", "a.svg", "diff.png"):
         files = ["a.json", "a.json"] if name == "diff.png" else ["a.json"]
         result = subprocess.run(
@@ -324,7 +324,7 @@ def test_names_with_dollars_and_underscores_are_drawn_literally(tmp_path: Path) 
     _plot.save(figure, str(tmp_path / "x.png"))  # drawn: no math text parsed
     page = stepwatch.render(summary, "html")
     assert escape(r"$\frac$") in page and "<svg" in page
-    stepwatch._saved.save_summary(summary, tmp_path / "$x$.json")
+    stepwatch._run_file.save_summary(summary, tmp_path / "$x$.json")
     for command, out in (("plot", "$x$.png"), ("export", "$x$.html")):
         result = subprocess.run(
             [PYTHON, "-m", "stepwatch", command, "$x$.json", "-o", out],

@@ -228,5 +228,5 @@ def test_what_save_writes_load_reads(tmp_path: Path) -> None:
         pass
     bad = dataclasses.replace(sw.summary(), metadata={**sw.summary().metadata, "world_size": 2**40})
     with pytest.raises(ValueError, match=r"metadata\.world_size"):
-        stepwatch._saved.save_summary(bad, tmp_path / "bad.json")
+        stepwatch._run_file.save_summary(bad, tmp_path / "bad.json")
     assert not (tmp_path / "bad.json").exists()

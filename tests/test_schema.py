@@ -24,7 +24,7 @@ from stepwatch import FormatError, Stopwatch
 from stepwatch._analysis import compare
 from stepwatch._render import FORMATS, render_comparison
 from stepwatch._render.html import render_html
-from stepwatch._saved import parse_summary, summary_to_json
+from stepwatch._run_file import parse_summary, summary_to_json
 
 from .conftest import FakeClock
 from .fake_device import FakeDevice, FakeOutOfMemoryError

@@ -97,7 +97,7 @@ def check_trace_format(document: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_export_writes_a_chrome_trace_that_sums_to_the_summary(tmp_path: Path) -> None:
     run = traced_run(200)
-    stepwatch._saved.save_summary(run, tmp_path / "run.json")
+    stepwatch._run_file.save_summary(run, tmp_path / "run.json")
     for name in ("trace.json", "run.trace.json.gz"):
         result = subprocess.run(
             [PYTHON, "-m", "stepwatch", "export", "run.json", "-o", name],
@@ -213,7 +213,7 @@ def test_a_trace_of_200_steps_stays_small(tmp_path: Path) -> None:
     run = sw.summary()
     bodies = [e for e in run.trace if e.path in ("step", "first_step") and e.lane == "thread MainThread"]
     assert len(bodies) == 200
-    stepwatch._saved.save_summary(run, tmp_path / "run.json")
+    stepwatch._run_file.save_summary(run, tmp_path / "run.json")
     result = subprocess.run(
         [PYTHON, "-m", "stepwatch", "export", "run.json", "-o", "trace.json"],
         cwd=tmp_path,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import stepwatch
-from stepwatch._workers import TimedCollate
+from stepwatch._dataloader.in_workers import TimedCollate
 from stepwatch.integrations.transformers import attach
 
 from .conftest import PYTHON, subprocess_env

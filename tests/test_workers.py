@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import stepwatch
 from stepwatch import Stopwatch
-from stepwatch._watch import instrument_always
+from stepwatch._dataloader.watch import instrument_always
 
 from .conftest import spin
 
@@ -164,7 +164,7 @@ def test_pin_memory_keeps_batches_and_timings(sw: Stopwatch) -> None:
 def test_carrier_survives_torch_pin_memory() -> None:
     from torch.utils.data._utils.pin_memory import pin_memory
 
-    from stepwatch._workers import Carrier, WorkerReport
+    from stepwatch._dataloader.in_workers import Carrier, WorkerReport
 
     report: WorkerReport = (0, 1, 2, 3, 4, {"dataset": (1, 5, 25, 5, 5, [5])})
     batch = {"x": torch.ones(2), "name": ["a"]}
@@ -572,7 +572,7 @@ def test_the_same_dataset_code_gives_the_same_rows_with_0_or_2_workers() -> None
 def test_a_batch_that_failed_in_a_worker_leaves_nothing_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker side of the case above, driven in this process as a worker would run it: a fetch that
     raises, then the next batch, whose report must hold only its own samples."""
-    from stepwatch import _workers
+    from stepwatch._dataloader import in_workers as _workers
 
     worker = Stopwatch()
     worker.enable()

@@ -17,11 +17,11 @@ from . import _default_instance
 from ._all_ranks import AllRanks, load
 from ._autostart import auto
 from ._config import ConfigError, auto_from_env, enabled_from_env, out_from_env
+from ._dataloader.in_workers import TimedTransform as timed_transform
 from ._recorder import Stopwatch
 from ._render import FORMATS
-from ._saved import FormatError
+from ._run_file import FormatError
 from ._summary import PhaseSummary, StageStats, Summary
-from ._workers import TimedTransform as timed_transform
 
 __all__ = [
     "AllRanks",
@@ -93,7 +93,7 @@ def render(run: Summary | AllRanks, format: str = "text") -> str:
     if format == "text":
         return run.render()
     if format == "json":
-        from ._saved import ranks_to_json
+        from ._run_file import ranks_to_json
 
         return ranks_to_json(list(run.runs), run.world_size, run.missing) + "\n"
     if renderer.render_ranks is None:

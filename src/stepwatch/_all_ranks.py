@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._job import all_ranks_path
-from ._saved import SCHEMA, FormatError, parse_summary, read_document, save_ranks
+from ._run_file import SCHEMA, FormatError, parse_summary, read_document, save_ranks
 
 if TYPE_CHECKING:
     from ._ranks import RanksReport

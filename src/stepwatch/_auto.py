@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _patches
 from ._constants import DEFAULT_PHASE, VAL_PHASE
-from ._driven import DrivenLoop, is_empty, rename_phase
+from ._external_loops import DrivenLoop, is_empty, rename_phase
 
 if TYPE_CHECKING:
     from ._blocks import Block
@@ -37,7 +37,7 @@ serves every loop that uses it)."""
 _MAX_REMEMBERED = 1000
 
 
-class Found:
+class WhatAutoFound:
     """What auto-instrumentation found and timed: the report's first line."""
 
     def __init__(self) -> None:
@@ -107,7 +107,7 @@ class AutoSession:
         self.val_phase = val_phase
         self.device_choice = device
         self.patches = _patches.Patches()
-        self.found = Found()
+        self.found = WhatAutoFound()
         self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
         self.loop_depth = 0
         self.instrumented: weakref.WeakSet[Any] = weakref.WeakSet()  # the DataLoaders watched, to undo
@@ -142,7 +142,7 @@ class AutoSession:
             self.driven.close()
             self.driven = None
         self.patches.undo()
-        from ._watch import uninstrument
+        from ._dataloader.watch import uninstrument
 
         for loader in list(self.instrumented):
             uninstrument(loader)

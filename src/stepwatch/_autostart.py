@@ -82,7 +82,7 @@ def auto(on: bool = True, *, val_phase: str = VAL_PHASE, device: Any = "auto") -
     check_name(val_phase, "phase")
     if val_phase == DEFAULT_PHASE:
         raise ValueError(f"val_phase must differ from {DEFAULT_PHASE!r}, the phase of loops that run a backward")
-    from ._autosave import _at_end
+    from ._save_at_exit import _at_end
 
     if _end_steps not in _at_end:
         _at_end.append(_end_steps)
@@ -124,7 +124,7 @@ def start_from_env() -> None:
     """``STEPWATCH=auto``: record the program with auto-instrumentation, save the run to ``STEPWATCH_OUT``
     (else a file named after the program) and print the report when it ends. A process that records
     nothing (a helper launched with the variable inherited) writes nothing."""
-    from . import _autosave
+    from . import _save_at_exit
     from ._config import OUT_VARIABLE, out_from_env
 
     default = _default_instance.stopwatch
@@ -136,7 +136,7 @@ def start_from_env() -> None:
         where = f"{OUT_VARIABLE}={named!r}" if named is not None else "the default run file"
         sys.stderr.write(f"stepwatch: {where}: {error}; not recording (set {OUT_VARIABLE} to a writable file)\n")
         return
-    _autosave.install(default, report=True, skip_empty=True)
+    _save_at_exit.install(default, report=True, skip_empty=True)
     auto()
 
 

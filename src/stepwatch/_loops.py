@@ -20,10 +20,9 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD
+from ._dataloader.find import loader_config
 from ._device import _Loop
 from ._job import seen_by
-from ._loaders import loader_config
-from ._periodic import tick
 from ._tree import DROPPED, LOOP, Frame, Phase, pop_frame
 
 if TYPE_CHECKING:
@@ -92,7 +91,7 @@ def _is_main(sw: Stopwatch, phase: str) -> bool:
 def _check_enclosing(sw: Stopwatch, site: LoopSite) -> None:
     """A loop starts inside another's open step: say so once if that other loop was in fact abandoned."""
     sites = sw._loop_sites.get(threading.get_ident())
-    if not sites or sites[-1].warned or sw._ticking:  # a log_every callback's loop runs between two steps
+    if not sites or sites[-1].warned or sw.periodic.ticking:  # a log_every callback's loop runs between two steps
         return
     enclosing = sites[-1]
     if enclosing.abandoned(site.frame):
@@ -145,7 +144,7 @@ def iterate(
         seen_by(sw.out)  # the job is kept while its group is up; rank 0 is to wait for this rank's run at exit
     main = outer and _is_main(sw, phase.name)
     trace = sw._trace  # the timeline of recent steps, when kept
-    every = sw._every if main else ()  # what runs every N training steps
+    every = sw.periodic.every if main else ()  # what runs every N training steps
     if not outer:
         _check_enclosing(sw, site)
     sites = sw._loop_sites.setdefault(threading.get_ident(), [])
@@ -204,7 +203,7 @@ def iterate(
                 elif sw._hot and not sw._measuring:  # a block that spanned the window's end is done?
                     sw._update_flags()
                 if every and index:
-                    tick(sw, every)  # between two steps: in neither, nor in the loop's time
+                    sw.periodic.tick(every)  # between two steps: in neither, nor in the loop's time
                     now = clock()
             if sw._measuring and not driven:  # a driven loop has no batch to wait for: no loader row
                 first = index == 0 and own_phase  # a one-off: workers starting, caches filling

@@ -19,17 +19,17 @@ from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_loop_names, check_name
 from ._constants import DEFAULT_PHASE, MAX_STAGES, OVERFLOW
+from ._dataloader.reports import WorkerSide
+from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
 from ._loops import LoopSite, iterate
-from ._periodic import Every, Periodic
-from ._received import WorkerSide
+from ._periodic import PeriodicCalls
 from ._results import Results
 from ._schedule import Schedule, as_count, check_steps, check_window, out_path
 from ._stacks import ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import LOOSE_EVENTS, MAX_TRACE_STEPS, Trace
 from ._tree import DROPPED, Frame, Node, Phase, fold
-from ._watch import WatchedLoader
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
@@ -38,7 +38,7 @@ COUNTER_LIMIT = sys.float_info.max
 """Counters saturate here, so that what was counted can always be saved and reported."""
 
 
-class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
+class Stopwatch(Results, ThreadStacks, WorkerSide):
     """Records where a training loop's time goes.
 
     Args:
@@ -61,6 +61,9 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
 
     Off until :meth:`enable` is called. The module-level functions of ``stepwatch`` use one default instance;
     separate instances are independent.
+
+    ``periodic`` (:class:`~stepwatch._periodic.PeriodicCalls`) owns what runs every N training steps; it is a
+    part of the recording, not API.
     """
 
     def __init__(
@@ -103,10 +106,8 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
         self._hot = False
         self._was_enabled = False
         self.out: str | None = None
-        self._every: Every = ()  # what runs every N training steps (log_every, gather_every)
-        self._ticks = 0  # training steps seen, for log_every
-        self._ticking = False  # running what is due between two training steps
-        self._gathers = 0
+        self.periodic = PeriodicCalls()  # what runs every N training steps (log_every, gather_every)
+        self._gathers = 0  # gather_every's saves so far, naming each gather
         self._stop_gathering: Callable[[], None] | None = None
         self._describe_auto: Callable[[], str] | None = None  # what auto-instrumentation found, for the report
         self._end_segment: Callable[[], bool] | None = None  # ends auto's open evaluation loop, if on this thread
@@ -162,7 +163,7 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
                 self._stop_gathering()
                 self._stop_gathering = None
             if gather_every is not None:
-                self._stop_gathering = self._add_every(gather_every, self._save_during_run, "gather_every")
+                self._stop_gathering = self.periodic.add(gather_every, self._save_during_run, "gather_every")
             self.schedule = schedule
             self._open_device()
             if self._started_wall is None:
@@ -172,10 +173,33 @@ class Stopwatch(Results, ThreadStacks, Periodic, WorkerSide):
             self._was_enabled = True
             self._update_flags()
         if path is not None:
-            from ._autosave import install
+            from ._save_at_exit import install
 
             self.out = path
             install(self)
+
+    def log_every(self, n: int, callback: Callable[[dict[str, float]], Any]) -> Callable[[], None]:
+        """Calls ``callback(stepwatch.metrics())`` every ``n`` training steps, from the training loop:
+        ``stepwatch.log_every(100, wandb.log)``, ``log_every(100, mlflow.log_metrics)``. Returns a function that
+        stops it. A callback that raises is reported once on the ``stepwatch`` logger and not called again:
+        a failing logger never stops the training."""
+        if not callable(callback):  # refused now, not at the n-th step
+            raise TypeError(f"callback must be callable, got {callback!r}")
+
+        def call(step: int) -> None:
+            callback(self.metrics())
+
+        return self.periodic.add(n, call, getattr(callback, "__qualname__", repr(callback)))
+
+    def _save_during_run(self, step: int) -> None:
+        """``gather_every``'s save: each rank writes its file, rank 0 gathers the all-ranks file."""
+        if self.out is None:
+            return
+        self._gathers += 1
+        try:
+            self._save_run(self.out, gather=True, tag=f"{self.out}#{self._gathers}", among=self.out)
+        except Exception as error:
+            logger.error("stepwatch: could not save the run to %s during the run: %s", self.out, error)
 
     def _keep_trace(self, steps: int) -> None:
         """Keep the timeline of the last ``steps`` measured steps from now on (``trace_steps``)."""

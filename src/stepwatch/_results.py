@@ -61,7 +61,7 @@ class Results:
         return gather(self._snapshot(), timeout=timeout)
 
     def _snapshot(self) -> Summary:
-        from ._saved import build_metadata
+        from ._run_file import build_metadata
 
         with self._lock:
             if self._device is not None:
@@ -129,7 +129,7 @@ class Results:
         all-ranks file. Returns this rank's file and, on rank 0, what was gathered."""
         from ._gather import gather as gather_ranks
         from ._job import rank_path
-        from ._saved import save_summary
+        from ._run_file import save_summary
 
         written = rank_path(path)
         summary = self._snapshot()
@@ -143,13 +143,13 @@ class Results:
 
     def load(self, path: str | os.PathLike[str]) -> Summary:
         """Read a saved run; the same as ``stepwatch.load``."""
-        from ._saved import load_summary
+        from ._run_file import load_summary
 
         return load_summary(path)
 
     def devices(self) -> list[str]:
         """Devices used over the whole run, across resumes, oldest first."""
-        from ._saved import detect_devices
+        from ._run_file import detect_devices
 
         devices = list(self._devices_before)
         current = [self._device.backend.name] if self._device is not None else detect_devices()
@@ -166,13 +166,13 @@ class Results:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain Python data (dicts, lists, str, int, float, None): safe for ``torch.load(weights_only=True)``."""
-        from ._state import state_dict
+        from ._checkpoint import state_dict
 
         return state_dict(cast("Stopwatch", self))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Carry on from :meth:`state_dict`: totals, counters, schedule position, elapsed time, devices. A
         corrupt state raises :class:`~stepwatch.FormatError` before anything recorded is replaced."""
-        from ._state import load_state_dict
+        from ._checkpoint import load_state_dict
 
         load_state_dict(cast("Stopwatch", self), state)

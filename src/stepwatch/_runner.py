@@ -90,7 +90,8 @@ def main(arguments: Sequence[str]) -> int:
         if missing is not None:  # one line, as python -m says it, and no run saved
             print(f"stepwatch run: {missing}", file=sys.stderr)
             return 1
-    from . import _autosave, _default
+    from . import _default as _default
+    from . import _save_at_exit
     from ._autostart import auto, run_file
 
     target = args.module if args.module is not None else program[0]
@@ -108,7 +109,7 @@ def main(arguments: Sequence[str]) -> int:
         print(f"stepwatch run: {error}", file=sys.stderr)
         return 2
     if not args.quiet:
-        _autosave.install(_default, report=True)
+        _save_at_exit.install(_default, report=True)
     return _run(args.module, program)
 
 
@@ -182,7 +183,7 @@ def _program_frames(tb: TracebackType | None) -> TracebackType | None:
 
 def _die_of_sigint() -> None:
     """Ends the process as an uncaught KeyboardInterrupt ends python: killed by SIGINT (exit status 130)."""
-    from ._autosave import save_all
+    from ._save_at_exit import save_all
 
     save_all("KeyboardInterrupt")
     sys.stdout.flush()

@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from ._constants import FOLD
+from ._dataloader.in_workers import WorkerReport
 from ._stats import Partial, RunningStats, partial_of
 from ._summary import StageStats, WorkerStats
-from ._workers import WorkerReport
 
 LOOP = object()
 """Owner of a timed iterator's wait or body frame."""

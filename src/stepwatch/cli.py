@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ._analysis import common_phases, compare
 from ._ranks import compare_ranks, merge_ranks
 from ._render import FORMATS, format_for_path, render_comparison, render_ranks_comparison
-from ._saved import FormatError, write_atomically
+from ._run_file import FormatError, write_atomically
 from ._summary import Summary
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ def _merge(paths: list[str], output: str) -> int:
     """``stepwatch merge``: one all-ranks file from the ranks' runs (ordered by rank, with the job's world size
     and the ranks it lacks), checked to make an all-ranks report."""
     from ._all_ranks import combine_jobs
-    from ._saved import save_ranks
+    from ._run_file import save_ranks
 
     jobs = _load_jobs(paths)
     if jobs is None:

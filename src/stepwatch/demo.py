@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"== training with num_workers={workers} ==", flush=True)
         summary = train_once(workers, args.samples, args.epochs, args.batch_size)
         path = os.path.join(args.out_dir, f"demo-{workers}-workers.json")
-        from ._saved import save_summary
+        from ._run_file import save_summary
 
         save_summary(summary, path)
         print(stepwatch.render(summary))

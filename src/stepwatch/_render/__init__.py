@@ -46,7 +46,7 @@ __all__ = [
 
 
 def render_json(summary: Summary) -> str:
-    from .._saved import summary_to_json
+    from .._run_file import summary_to_json
 
     return summary_to_json(summary) + "\n"
 

@@ -199,7 +199,7 @@ def main_first(summary: Summary) -> dict[str, PhaseSummary]:
 
 def save(figure: Any, path: str) -> None:
     """PNG, SVG or PDF by ``path``'s extension."""
-    from .._saved import write_atomically
+    from .._run_file import write_atomically
 
     plt = pyplot()
     buffer = io.BytesIO()

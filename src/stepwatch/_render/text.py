@@ -129,7 +129,7 @@ def _workers_section(phase: PhaseSummary, configured: Any) -> list[str]:
     count = f"{configured} configured, {delivered} delivered batches" if isinstance(configured, int) else delivered
     lines = [f"workers ({count}); [w] rows ran inside them, % of their busy time:"]
     for worker in phase.workers.values():
-        loader, worker_id = divmod(worker.worker_id, 1000)  # several loaders: see _watch.LOADER_STRIDE
+        loader, worker_id = divmod(worker.worker_id, 1000)  # several loaders: see _dataloader.watch.LOADER_STRIDE
         name = f"loader {loader} worker {worker_id}" if loader else f"worker {worker_id}"
         cpu = "" if math.isnan(worker.cpu_share) else f" ({_percent(worker.cpu_share)}% of it on the CPU"
         if cpu and worker.queued_share >= 0.01:

@@ -33,11 +33,11 @@ from .. import _default
 from .._all_ranks import AllRanks, end_report
 from .._auto import batch_size
 from .._constants import DEFAULT_PHASE
-from .._driven import Beats, set_base_phase
+from .._dataloader.watch import instrument_always, uninstrument
+from .._external_loops import Beats, set_base_phase
 from .._job import in_job
 from .._patches import Patches
 from .._summary import Summary
-from .._watch import instrument_always, uninstrument
 from ._lightning_actions import GROUPS, PREDICT, STAGES, TEST, TRANSPARENT, parse, record, safe
 
 try:

@@ -30,4 +30,4 @@ def log(writer: Any, every: int = 100, *, stopwatch: Stopwatch | None = None) ->
         if callable(flush):
             flush()
 
-    return sw._add_every(every, write, "tensorboard.log", "every")
+    return sw.periodic.add(every, write, "tensorboard.log", "every")

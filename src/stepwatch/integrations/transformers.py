@@ -35,11 +35,11 @@ from .. import _default
 from .._all_ranks import end_report
 from .._auto import batch_size
 from .._constants import DEFAULT_PHASE
-from .._driven import Beats
+from .._dataloader.find import inner_loader, loader_config
+from .._dataloader.watch import instrument_always, uninstrument
+from .._external_loops import Beats
 from .._job import is_rank_zero
-from .._loaders import inner_loader, loader_config
 from .._summary import Summary
-from .._watch import instrument_always, uninstrument
 
 _ATTACHED = "_stepwatch_attachment"
 """Where a trainer keeps its attachment (in its own ``__dict__``), so that attaching twice is attaching once."""

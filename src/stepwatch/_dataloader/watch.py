@@ -3,7 +3,7 @@ and the loader's configuration recorded for the advice.
 
 ``Stopwatch.watch(loader)`` instruments each DataLoader in place (its ``collate_fn`` and ``worker_init_fn``,
 the two attributes a DataLoader lets one set after construction, and its ``_get_iterator``) and returns an
-iterable that times the loop like ``timed_iter``. What runs inside the workers is in ``_workers``.
+iterable that times the loop like ``timed_iter``. What runs inside the workers is in ``in_workers``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._blocks import check_loop_names
-from ._loaders import find_loaders, is_loader
-from ._loops import iterate
-from ._workers import (
+from .._blocks import check_loop_names
+from .._loops import iterate
+from .find import find_loaders, is_loader
+from .in_workers import (
     Carrier,
     TimedCollate,
     TimedGetItems,
@@ -29,7 +29,7 @@ from ._workers import (
 )
 
 if TYPE_CHECKING:
-    from ._recorder import Stopwatch
+    from .._recorder import Stopwatch
 
 T = TypeVar("T")
 

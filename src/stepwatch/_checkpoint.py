@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._constants import OTHER
-from ._saved import FormatError
+from ._run_file import FormatError
 from ._schema import ELAPSED_MAX, NS_MAX
 from ._summary import Summary
 from ._tree import WorkerTotals

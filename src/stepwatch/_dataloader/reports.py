@@ -1,7 +1,7 @@
 """The recording's side of DataLoader workers: a worker's own recording started, its measurements taken for
 each batch's report, and the reports filed in the main process under the loader stage waiting for them.
 
-The part of :class:`~stepwatch.Stopwatch` that the worker transport (``_workers``, ``_watch``) calls.
+The part of :class:`~stepwatch.Stopwatch` that the worker transport (``in_workers``, ``watch``) calls.
 """
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from ._constants import DEFAULT_PHASE
-from ._stats import Partial
-from ._trace import Trace
-from ._tree import DROPPED, Node, Phase, WorkerTotals, take_from
-from ._workers import WorkerReport
+from .._constants import DEFAULT_PHASE
+from .._stats import Partial
+from .._trace import Trace
+from .._tree import DROPPED, Node, Phase, WorkerTotals, take_from
+from .in_workers import WorkerReport
 
 if TYPE_CHECKING:
-    from ._blocks import Blocks
-    from ._recorder import Stopwatch
+    from .._blocks import Blocks
+    from .._recorder import Stopwatch
 
 
 class WorkerSide:

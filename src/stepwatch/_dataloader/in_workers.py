@@ -3,7 +3,7 @@
 Inside each worker process the module-level default stopwatch records every ``timed`` block (each sample's
 ``dataset`` read, transforms wrapped with :func:`timed_transform`, the ``collate``, and the user's own blocks);
 when a batch is collated, the worker's measurements since the previous batch travel with that batch, inside a
-small carrier. The main-process side (``_watch``) unwraps it wherever the loader is iterated and hands the
+small carrier. The main-process side (``watch``) unwraps it wherever the loader is iterated and hands the
 report to the stopwatch while a ``watch()`` loop consumes the loader. Nothing depends on a worker exiting
 cleanly: each batch carries its own timings.
 
@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from . import _default_instance
-from ._constants import FOLD
-from ._stats import Partial
+from .. import _default_instance
+from .._constants import FOLD
+from .._stats import Partial
 
 if TYPE_CHECKING:
-    from ._recorder import Stopwatch
+    from .._recorder import Stopwatch
 
 T = TypeVar("T")
 
