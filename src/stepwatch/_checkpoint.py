@@ -7,7 +7,6 @@ nothing. Loading rebuilds the recording in place: loops that are running keep re
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +30,8 @@ def state_dict(sw: Stopwatch) -> dict[str, Any]:
             "stepwatch_state": STATE_VERSION,
             "summary": summary.to_dict(),
             "schedule_pos": {name: phase.schedule_pos for name, phase in sw._phases.items()},
-            "elapsed_ns": sw._elapsed_ns(),
-            "started_at": sw._started_wall,
+            "elapsed_ns": sw.span.elapsed_ns(),
+            "started_at": sw.span.started_wall,
             "devices": sw.devices(),
         }
 
@@ -113,8 +112,5 @@ def load_state_dict(sw: Stopwatch, state: Any) -> None:
             phase.device_caught_up = phase_summary.device.caught_up
         for name, position in parsed.positions.items():
             sw._phase(name).schedule_pos = position
-        sw._elapsed_before_ns = parsed.elapsed_ns
-        sw._session_start_ns = sw._clock()
-        sw._started_wall = parsed.started_at if parsed.started_at is not None else time.time()
-        sw._devices_before = parsed.devices
-        sw._dropped_blocks = int(parsed.summary.metadata.get("dropped_blocks") or 0)
+        dropped = int(parsed.summary.metadata.get("dropped_blocks") or 0)
+        sw.span.resume(parsed.elapsed_ns, parsed.started_at, parsed.devices, dropped)

@@ -25,6 +25,7 @@ from ._device import DeviceTimer
 from ._loops import LoopSite, iterate
 from ._periodic import PeriodicCalls
 from ._results import Results
+from ._run_span import RunSpan
 from ._schedule import Schedule, as_count, check_steps, check_window, out_path
 from ._stacks import ThreadStacks
 from ._stats import DEFAULT_WINDOW
@@ -62,8 +63,9 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
     Off until :meth:`enable` is called. The module-level functions of ``stepwatch`` use one default instance;
     separate instances are independent.
 
-    ``periodic`` (:class:`~stepwatch._periodic.PeriodicCalls`) owns what runs every N training steps; it is a
-    part of the recording, not API.
+    Parts of the recording, each owned by its module, not API: ``periodic``
+    (:class:`~stepwatch._periodic.PeriodicCalls`), what runs every N training steps; ``span``
+    (:class:`~stepwatch._run_span.RunSpan`), when the run started and how long it ran, across resumes.
     """
 
     def __init__(
@@ -121,11 +123,9 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         self._looped_phases: dict[str, None] = {}  # phases that ran an outermost loop, in order
         self._worker_nodes: dict[tuple[Node, str], Node] = {}  # (loader node, worker path) -> node
         self._node_count = 0
-        self._dropped_blocks = 0
         self._overflow_warned = False
         self._counter_warned = False
-        self._started_wall: float | None = None
-        self._devices_before: list[str] = []
+        self.span = RunSpan(clock)  # when the run started, how long it ran, across resumes
         self._clear_run()
 
     # -- switching ---------------------------------------------------------------------------------------
@@ -166,9 +166,7 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
                 self._stop_gathering = self.periodic.add(gather_every, self._save_during_run, "gather_every")
             self.schedule = schedule
             self._open_device()
-            if self._started_wall is None:
-                self._started_wall = time.time()
-                self._session_start_ns = self._clock()
+            self.span.start()
             self._enabled = True
             self._was_enabled = True
             self._update_flags()
@@ -264,15 +262,10 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
             if found is not None and not getattr(found, "active", True):  # auto-instrumentation has ended
                 self._describe_auto = None
             if self._enabled:
-                self._started_wall = time.time()
-                self._session_start_ns = self._clock()
+                self.span.restart()
 
     def _clear_run(self) -> None:
-        self._started_wall = None
-        self._session_start_ns = 0
-        self._elapsed_before_ns = 0
-        self._devices_before = []
-        self._dropped_blocks = 0
+        self.span.clear()
         self._in_window = True
         self._worker_nodes.clear()  # the nodes' "ran in workers" marks are cleared: found again from reports
         if self._trace is not None:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ._all_ranks import AllRanks
     from ._device import DeviceTimer
     from ._recorder import Stopwatch
+    from ._run_span import RunSpan
     from ._trace import Trace
 
 
@@ -29,10 +30,7 @@ class Results:
     _device: DeviceTimer | None
     _phases: dict[str, Phase]
     _clock: Any
-    _started_wall: float | None
-    _session_start_ns: int
-    _elapsed_before_ns: int
-    _devices_before: list[str]
+    span: RunSpan
     _trace: Trace | None
     _stacks: dict[int, list[Any]]
 
@@ -87,7 +85,7 @@ class Results:
                     )
             ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
             trace = self._trace.snapshot(self._stacks) if self._trace is not None else ()
-            return Summary(phases, self._elapsed_ns() * 1e-9, build_metadata(cast("Stopwatch", self)), ooms, trace)
+            return Summary(phases, self.span.elapsed_ns() * 1e-9, build_metadata(cast("Stopwatch", self)), ooms, trace)
 
     def metrics(self, prefix: str = "stepwatch") -> dict[str, float]:
         """The current figures as a flat dict for any logger: ``{"stepwatch/train/time_per_step_ms": ...,
@@ -151,16 +149,12 @@ class Results:
         """Devices used over the whole run, across resumes, oldest first."""
         from ._run_file import detect_devices
 
-        devices = list(self._devices_before)
+        devices = list(self.span.devices_before)
         current = [self._device.backend.name] if self._device is not None else detect_devices()
         for device in current:
             if not devices or devices[-1] != device:
                 devices.append(device)
         return devices
-
-    def _elapsed_ns(self) -> int:
-        running = self._clock() - self._session_start_ns if self._started_wall is not None else 0
-        return self._elapsed_before_ns + running
 
     # -- checkpointing -----------------------------------------------------------------------------------
 

@@ -58,7 +58,7 @@ def detect_devices() -> list[str]:
 
 def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
     """The run's metadata; every string from outside stepwatch made printable (see ``_schema.printable``)."""
-    started = stopwatch._started_wall
+    started = stopwatch.span.started_wall
     schedule = stopwatch.schedule
     metadata: dict[str, Any] = {
         "stepwatch": package_version("stepwatch"),
@@ -81,7 +81,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
             "trace_steps": None if stopwatch._trace is None else stopwatch._trace.steps,
         },
         "device_error": None if stopwatch._device is None else stopwatch._device.error,
-        "dropped_blocks": stopwatch._dropped_blocks,
+        "dropped_blocks": stopwatch.span.dropped_blocks,
         "loaders": {phase: dict(config) for phase, config in stopwatch._loader_configs.items()},
         "auto": None if stopwatch._describe_auto is None else stopwatch._describe_auto(),
         **_ranks(),

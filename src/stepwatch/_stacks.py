@@ -17,6 +17,7 @@ from ._tree import DROPPED, LOOP, Frame, Node, Phase, dropped_copy
 
 if TYPE_CHECKING:
     from ._blocks import Block
+    from ._run_span import RunSpan
 
 DROPPING = 0
 """The value of ``Stopwatch._measuring`` when switched off after having been on (see ``_update_flags``)."""
@@ -35,7 +36,7 @@ class ThreadStacks:
     _in_window: bool
     _measuring: bool | int
     _hot: bool
-    _dropped_blocks: int
+    span: RunSpan
     _end_segment: Any  # Callable[[], bool] | None: ends auto-instrumentation's open evaluation loop
 
     def _phase(self, name: str) -> Phase:
@@ -116,7 +117,7 @@ class ThreadStacks:
             else:
                 return  # opened outside the measured window
             above = stack[position + 1 :]
-            self._dropped_blocks += sum(1 for frame in [stack[position], *above] if frame[1] is not DROPPED)
+            self.span.dropped_blocks += sum(1 for frame in [stack[position], *above] if frame[1] is not DROPPED)
             stack[position:] = [dropped_copy(frame) for frame in above]
             if not self._measuring:
                 self._update_flags()
