@@ -254,7 +254,7 @@ class AutoSession:
             self._prepare_device()
         # a nested training loop (micro-batches) is part of the enclosing step, as with timed_iter
         name = None if nested and kind == "train" else DEFAULT_PHASE if kind == "train" else self.val_phase
-        existing = self.sw._phases.get(name) if name is not None else None
+        existing = self.sw.tree.phases.get(name) if name is not None else None
         created = name is not None and (existing is None or is_empty(existing))
         if len(self.found.loaders) < _MAX_REMEMBERED:
             self.found.loaders.setdefault(id(loader), int(getattr(loader, "num_workers", 0) or 0))

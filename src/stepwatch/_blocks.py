@@ -45,7 +45,7 @@ class Block:
             parent = stack[-1][1]
             node = parent.children.get(self._name)
             if node is None:
-                node = sw._add_child(parent, self._name)
+                node = sw.tree.add_child(parent, self._name)
             stack.append((self, node, self._clock()))
         elif sw._measuring is not False:  # DROPPING (read again: it may have changed since)
             sw._track(self)
@@ -147,7 +147,7 @@ class DeviceBlock(Block):
             parent = parent_frame[1]
             node = parent.children.get(self._name)
             if node is None:
-                node = sw._add_child(parent, self._name)
+                node = sw.tree.add_child(parent, self._name)
             device = sw._device
             if device is None or node is DROPPED:
                 stack.append((self, node, self._clock()))
@@ -200,7 +200,7 @@ class Blocks(dict[str, Block]):
         sw = self._stopwatch
         kind = DeviceBlock if sw._device_spec is not None else TracedBlock if sw._trace is not None else Block
         if len(self) >= MAX_STAGES:
-            self._stopwatch._warn_overflow(stage)
+            self._stopwatch.tree.warn_overflow(stage)
             overflow = dict.get(self, OVERFLOW)
             if overflow is None:
                 overflow = dict.setdefault(self, OVERFLOW, kind(self._stopwatch, OVERFLOW))

@@ -29,7 +29,7 @@ def state_dict(sw: Stopwatch) -> dict[str, Any]:
         return {
             "stepwatch_state": STATE_VERSION,
             "summary": summary.to_dict(),
-            "schedule_pos": {name: phase.schedule_pos for name, phase in sw._phases.items()},
+            "schedule_pos": {name: phase.schedule_pos for name, phase in sw.tree.phases.items()},
             "elapsed_ns": sw.span.elapsed_ns(),
             "started_at": sw.span.started_wall,
             "devices": sw.devices(),
@@ -80,10 +80,10 @@ def load_state_dict(sw: Stopwatch, state: Any) -> None:
     parsed = _parse(state)
     with sw._lock:
         sw._drop_open_frames()
-        for phase in sw._phases.values():
+        for phase in sw.tree.phases.values():
             phase.clear()
         for name, phase_summary in parsed.summary.phases.items():
-            phase = sw._phase(name)
+            phase = sw.tree.phase(name)
             phase.counters = dict(phase_summary.counters)
             phase.loop_ns = phase_summary.loop_ns
             phase.steps = phase_summary.steps
@@ -91,10 +91,10 @@ def load_state_dict(sw: Stopwatch, state: Any) -> None:
                 *parents, leaf = path.split("/")
                 node = phase.root
                 for part in parents:
-                    node = node.children.get(part) or sw._add_child(node, part)
+                    node = node.children.get(part) or sw.tree.add_child(node, part)
                 if leaf == OTHER:  # derived again from the totals
                     continue
-                child = node.children.get(leaf) or sw._add_child(node, leaf)
+                child = node.children.get(leaf) or sw.tree.add_child(node, leaf)
                 child.stats = stage.to_running()
                 if stage.device is not None:
                     child.device_stats = stage.device.to_running()
@@ -111,6 +111,6 @@ def load_state_dict(sw: Stopwatch, state: Any) -> None:
             phase.device_steps = phase_summary.device.steps
             phase.device_caught_up = phase_summary.device.caught_up
         for name, position in parsed.positions.items():
-            sw._phase(name).schedule_pos = position
+            sw.tree.phase(name).schedule_pos = position
         dropped = int(parsed.summary.metadata.get("dropped_blocks") or 0)
         sw.span.resume(parsed.elapsed_ns, parsed.started_at, parsed.devices, dropped)

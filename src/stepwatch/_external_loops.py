@@ -27,12 +27,12 @@ def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
     ran); only when no loop of it is running and ``new`` holds nothing. The phase under the old name stays,
     empty: threads' stacks stand on its root. Returns whether it was moved."""
     with sw._lock:
-        phase = sw._phases.get(old)
-        taken = sw._phases.get(new)
+        phase = sw.tree.phases.get(old)
+        taken = sw.tree.phases.get(new)
         running = any(site.phase == old for sites in sw._loop_sites.values() for site in sites)
         if phase is None or running or (taken is not None and not is_empty(taken)):
             return False
-        phase.move_into(sw._phase(new))
+        phase.move_into(sw.tree.phase(new))
         if old in sw._loader_configs:
             sw._loader_configs[new] = sw._loader_configs.pop(old)
         if old in sw._looped_phases:
@@ -46,8 +46,8 @@ def set_base_phase(sw: Stopwatch, name: str) -> str:
     previous base phase, to set it back. Loops started on the thread stay outermost."""
     stack = sw._thread_stack()
     with sw._lock:
-        previous = sw._phase_of_root.get(stack[0][1], DEFAULT_PHASE)
-        stack[0] = (None, sw._phase(name).root, 0)
+        previous = sw.tree.phase_of_root.get(stack[0][1], DEFAULT_PHASE)
+        stack[0] = (None, sw.tree.phase(name).root, 0)
         sw._local.phase = name
     return previous
 
@@ -117,7 +117,7 @@ class DrivenLoop:
 def forget_last(sw: Stopwatch, path: tuple[str, ...], count: int) -> None:
     """Takes back the last ``count`` measurements of the train phase's stage at ``path`` (still buffered: a
     step that turned out not to be one)."""
-    phase = sw._phases.get(DEFAULT_PHASE)
+    phase = sw.tree.phases.get(DEFAULT_PHASE)
     node = phase.root if phase is not None else None
     for name in path:
         node = node.children.get(name) if node is not None else None

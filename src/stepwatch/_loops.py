@@ -131,7 +131,7 @@ def iterate(
     outer = is_outermost(stack)
     own_phase = outer or phase_name is not None
     previous_phase = sw._local.__dict__.get("phase", DEFAULT_PHASE)
-    phase = sw._phase(phase_name or (DEFAULT_PHASE if outer else previous_phase))
+    phase = sw.tree.phase(phase_name or (DEFAULT_PHASE if outer else previous_phase))
     root_frame: Frame | None = None
     wait_frame: Frame | None = None
     body_frame: Any = None
@@ -159,10 +159,10 @@ def iterate(
             stack.append(root_frame)
             sw._local.phase = phase.name
         parent = stack[-1][1]
-        wait_node = parent.children.get(stage) or sw._add_child(parent, stage)
-        body_node = parent.children.get(body) or sw._add_child(parent, body)
-        first_node = parent.children.get(FIRST_BATCH) or sw._add_child(parent, FIRST_BATCH)
-        first_body_node = parent.children.get(FIRST_STEP) or sw._add_child(parent, FIRST_STEP)
+        wait_node = parent.children.get(stage) or sw.tree.add_child(parent, stage)
+        body_node = parent.children.get(body) or sw.tree.add_child(parent, body)
+        first_node = parent.children.get(FIRST_BATCH) or sw.tree.add_child(parent, FIRST_BATCH)
+        first_body_node = parent.children.get(FIRST_STEP) or sw.tree.add_child(parent, FIRST_STEP)
         schedule = sw.schedule
         measure_all = schedule.active is None
         warmup = schedule.warmup if main else 0

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_loop_names, check_name
-from ._constants import DEFAULT_PHASE, MAX_STAGES, OVERFLOW
+from ._constants import DEFAULT_PHASE
 from ._dataloader.reports import WorkerSide
 from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
@@ -30,7 +30,7 @@ from ._schedule import Schedule, as_count, check_steps, check_window, out_path
 from ._stacks import ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import LOOSE_EVENTS, MAX_TRACE_STEPS, Trace
-from ._tree import DROPPED, Frame, Node, Phase, fold
+from ._tree import DROPPED, Frame, Node, StageTree, fold
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
@@ -65,7 +65,8 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
 
     Parts of the recording, each owned by its module, not API: ``periodic``
     (:class:`~stepwatch._periodic.PeriodicCalls`), what runs every N training steps; ``span``
-    (:class:`~stepwatch._run_span.RunSpan`), when the run started and how long it ran, across resumes.
+    (:class:`~stepwatch._run_span.RunSpan`), when the run started and how long it ran, across resumes;
+    ``tree`` (:class:`~stepwatch._tree.StageTree`), the recorded stages of every phase.
     """
 
     def __init__(
@@ -113,8 +114,8 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         self._stop_gathering: Callable[[], None] | None = None
         self._describe_auto: Callable[[], str] | None = None  # what auto-instrumentation found, for the report
         self._end_segment: Callable[[], bool] | None = None  # ends auto's open evaluation loop, if on this thread
-        self._phases: dict[str, Phase] = {}
-        self._phase_of_root: dict[Node, str] = {}
+        self.tree = StageTree(self.window, self._lock)  # the recorded stages of every phase
+        self._phases = self.tree.phases  # a handle for count()'s hot path (the tree's own dict)
         self._stacks: dict[int, list[Frame]] = {}  # thread id -> its stack
         self._before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
         self._local = threading.local()
@@ -122,8 +123,6 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         self._loader_configs: dict[str, dict[str, Any]] = {}  # phase -> its DataLoader's configuration
         self._looped_phases: dict[str, None] = {}  # phases that ran an outermost loop, in order
         self._worker_nodes: dict[tuple[Node, str], Node] = {}  # (loader node, worker path) -> node
-        self._node_count = 0
-        self._overflow_warned = False
         self._counter_warned = False
         self.span = RunSpan(clock)  # when the run started, how long it ran, across resumes
         self._clear_run()
@@ -255,7 +254,7 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         loop, the step under way is dropped and the following ones are recorded as usual."""
         with self._lock:
             self._drop_open_frames()
-            for phase in self._phases.values():
+            for phase in self.tree.phases.values():
                 phase.clear()
             self._clear_run()
             found = getattr(self._describe_auto, "__self__", None)
@@ -341,7 +340,7 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         if stack[-1][1] is DROPPED:  # inside a step dropped by a switch: its time is not counted either
             return
         name = local.get("phase", DEFAULT_PHASE)
-        phase = self._phases.get(name) or self._phase(name)
+        phase = self._phases.get(name) or self.tree.phase(name)
         if phase.in_first_step:  # the one-off first step: its time is apart, so are its counts
             return
         counters = phase.counters
@@ -361,36 +360,12 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
     def _consuming_interval(self) -> list[int]:
         """A watch() loop starts consuming its loader now, in the current thread's phase: [start, end]."""
         self._thread_stack()
-        phase = self._phase(self._local.__dict__.get("phase", DEFAULT_PHASE))
+        phase = self.tree.phase(self._local.__dict__.get("phase", DEFAULT_PHASE))
         interval = [time.perf_counter_ns(), 0]
         phase.consuming.append(interval)
         return interval
 
     # -- the tree ----------------------------------------------------------------------------------------
-
-    def _phase(self, name: str) -> Phase:
-        phase = self._phases.get(name)
-        if phase is None:
-            with self._lock:
-                phase = self._phases.get(name)
-                if phase is None:
-                    phase = self._phases[name] = Phase(name, self.window)
-                    self._phase_of_root[phase.root] = name
-        return phase
-
-    def _add_child(self, parent: Node, name: str) -> Node:
-        """A new stage under ``parent``; past :data:`MAX_STAGES` stages, the parent's overflow row."""
-        with self._lock:
-            node = parent.children.get(name)
-            if node is None:
-                if self._node_count >= MAX_STAGES and name != OVERFLOW:
-                    self._warn_overflow(name)
-                    name = OVERFLOW
-                    node = parent.children.get(name)
-                if node is None:
-                    node = parent.children[name] = Node(parent.child_path(name), self.window)
-                    self._node_count += 1
-            return node
 
     def _fold(self, node: Node) -> None:
         trace = self._trace
@@ -400,17 +375,6 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
             fold(node)
             if node is DROPPED and self._measuring is False:
                 self._update_flags()  # the last dropped block may have closed
-
-    def _warn_overflow(self, name: str) -> None:
-        if not self._overflow_warned:
-            self._overflow_warned = True
-            logger.warning(
-                "stepwatch: more than %s distinct stages (the latest: %r); new ones are folded into one %r row."
-                " Use a fixed set of names: put varying parts (batch numbers, ids) in counters, not in names",
-                f"{MAX_STAGES:,}",
-                name,
-                OVERFLOW,
-            )
 
     def _warn_counter(self, unit: str) -> None:
         if not self._counter_warned:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ._job import all_ranks_path
 from ._summary import DeviceLoad, PhaseSummary, StageStats, Summary
-from ._tree import Phase, collect
+from ._tree import StageTree, collect
 
 if TYPE_CHECKING:
     from ._all_ranks import AllRanks
@@ -28,7 +28,7 @@ class Results:
 
     _lock: threading.RLock
     _device: DeviceTimer | None
-    _phases: dict[str, Phase]
+    tree: StageTree
     _clock: Any
     span: RunSpan
     _trace: Trace | None
@@ -65,7 +65,7 @@ class Results:
             if self._device is not None:
                 self._device.drain()  # the one synchronize: everything pending is resolved now
             phases = {}
-            for name, phase in self._phases.items():
+            for name, phase in self.tree.phases.items():
                 stages: dict[str, StageStats] = {}
                 collect(phase.root, stages)
                 if stages or phase.counters or phase.workers:

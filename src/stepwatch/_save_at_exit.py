@@ -106,7 +106,7 @@ def save_all(reason: str, final: bool = True, gather: bool = True) -> None:
     gathered: dict[int, AllRanks | None] = {}
     gather = gather and final and not _crashed and in_job()
     for stopwatch in list(_installed.values()):
-        if stopwatch.out is None or (_reports.get(id(stopwatch), (None, False))[1] and not stopwatch._phases):
+        if stopwatch.out is None or (_reports.get(id(stopwatch), (None, False))[1] and not stopwatch.tree.phases):
             continue
         try:
             # at the end, each rank of a job also sends its summary to rank 0, which writes the all-ranks file
@@ -118,7 +118,7 @@ def save_all(reason: str, final: bool = True, gather: bool = True) -> None:
     if final:
         for key, (stopwatch, skip_empty) in list(_reports.items()):
             del _reports[key]
-            if not (skip_empty and not stopwatch._phases):
+            if not (skip_empty and not stopwatch.tree.phases):
                 _print_report(stopwatch, gathered.get(key))
 
 

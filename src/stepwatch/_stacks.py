@@ -13,7 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ._constants import DEFAULT_PHASE
-from ._tree import DROPPED, LOOP, Frame, Node, Phase, dropped_copy
+from ._tree import DROPPED, LOOP, Frame, Phase, StageTree, dropped_copy
 
 if TYPE_CHECKING:
     from ._blocks import Block
@@ -30,13 +30,13 @@ class ThreadStacks:
     _local: threading.local
     _stacks: dict[int, list[Frame]]  # thread id -> its stack
     _before_switch: dict[int, list[Frame]]  # thread id -> its stack before the last switch
-    _phase_of_root: dict[Node, str]
     _enabled: bool
     _was_enabled: bool
     _in_window: bool
     _measuring: bool | int
     _hot: bool
     span: RunSpan
+    tree: StageTree
     _end_segment: Any  # Callable[[], bool] | None: ends auto-instrumentation's open evaluation loop
 
     def _phase(self, name: str) -> Phase:
@@ -59,10 +59,10 @@ class ThreadStacks:
                 ident = threading.get_ident()
                 before = self._before_switch.pop(ident, None)
                 if before is None:
-                    stack = [(None, self._phase(DEFAULT_PHASE).root, 0)]
+                    stack = [(None, self.tree.phase(DEFAULT_PHASE).root, 0)]
                 else:
                     stack = [dropped_copy(frame) for frame in before]
-                    roots = [self._phase_of_root.get(frame[1]) for frame in stack[1:] if frame[0] is None]
+                    roots = [self.tree.phase_of_root.get(frame[1]) for frame in stack[1:] if frame[0] is None]
                     if roots and roots[-1] is not None:
                         local.phase = roots[-1]
                 local.stack = stack

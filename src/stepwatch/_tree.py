@@ -9,11 +9,13 @@ given, so dropping costs the hot path nothing.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import replace
 from typing import Any
 
-from ._constants import FOLD
+from ._constants import FOLD, MAX_STAGES, OVERFLOW
 from ._dataloader.in_workers import WorkerReport
 from ._stats import Partial, RunningStats, partial_of
 from ._summary import StageStats, WorkerStats
@@ -153,6 +155,57 @@ _RECORDED = (
     "steps",
     "workers",
 )
+
+
+class StageTree:
+    """The recorded stages of every phase, owned by one :class:`~stepwatch.Stopwatch`: the phases by name,
+    which root is which phase, and the count of stages against :data:`MAX_STAGES` (past it, new names go to
+    the parent's overflow row, warned about once). ``phases`` is only ever mutated, never rebound: the recorder
+    keeps it as a handle for ``count()``'s hot path."""
+
+    def __init__(self, window: int, lock: threading.RLock) -> None:
+        self.window = window
+        self.lock = lock  # the recorder's, replaced with it in a forked DataLoader worker
+        self.phases: dict[str, Phase] = {}
+        self.phase_of_root: dict[Node, str] = {}
+        self.node_count = 0
+        self.overflow_warned = False
+
+    def phase(self, name: str) -> Phase:
+        """The phase ``name``, made on first use."""
+        phase = self.phases.get(name)
+        if phase is None:
+            with self.lock:
+                phase = self.phases.get(name)
+                if phase is None:
+                    phase = self.phases[name] = Phase(name, self.window)
+                    self.phase_of_root[phase.root] = name
+        return phase
+
+    def add_child(self, parent: Node, name: str) -> Node:
+        """A new stage under ``parent``; past :data:`MAX_STAGES` stages, the parent's overflow row."""
+        with self.lock:
+            node = parent.children.get(name)
+            if node is None:
+                if self.node_count >= MAX_STAGES and name != OVERFLOW:
+                    self.warn_overflow(name)
+                    name = OVERFLOW
+                    node = parent.children.get(name)
+                if node is None:
+                    node = parent.children[name] = Node(parent.child_path(name), self.window)
+                    self.node_count += 1
+            return node
+
+    def warn_overflow(self, name: str) -> None:
+        if not self.overflow_warned:
+            self.overflow_warned = True
+            logging.getLogger("stepwatch").warning(
+                "stepwatch: more than %s distinct stages (the latest: %r); new ones are folded into one %r row."
+                " Use a fixed set of names: put varying parts (batch numbers, ids) in counters, not in names",
+                f"{MAX_STAGES:,}",
+                name,
+                OVERFLOW,
+            )
 
 
 class WorkerTotals:

@@ -215,7 +215,7 @@ class TimedGetItems:
         local = stopwatch._local
         stack = stopwatch._thread_stack()
         parent = stack[-1][1]
-        node = parent.children.get("dataset") or stopwatch._add_child(parent, "dataset")
+        node = parent.children.get("dataset") or stopwatch.tree.add_child(parent, "dataset")
         buf = node.buf
         clock = stopwatch._clock
         for position, index in enumerate(indices, 1):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._constants import DEFAULT_PHASE
 from .._stats import Partial
 from .._trace import Trace
-from .._tree import DROPPED, Node, Phase, WorkerTotals, take_from
+from .._tree import DROPPED, Node, StageTree, WorkerTotals, take_from
 from .in_workers import WorkerReport
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class WorkerSide:
     _before_switch: dict[int, Any]
     _loop_sites: dict[int, Any]
     _local: threading.local
-    _phases: dict[str, Phase]
+    tree: StageTree
     _enabled: bool
     _measuring: bool | int
     _worker_nodes: dict[tuple[Node, str], Node]
@@ -45,13 +45,14 @@ class WorkerSide:
         self._trace = Trace(1) if trace else None
         self._blocks.clear()  # made again, traced or not
         self._lock = threading.RLock()
+        self.tree.lock = self._lock
         self._count_lock = threading.Lock()
         self.out = None
         self._stacks = {}
         self._before_switch = {}
         self._loop_sites = {}
         self._local = threading.local()
-        for phase in self._phases.values():
+        for phase in self.tree.phases.values():
             phase.clear()
         cast("Stopwatch", self)._clear_run()
         self._enabled = False
@@ -61,7 +62,7 @@ class WorkerSide:
         """In a worker: hands over every measurement recorded since the last call, and forgets it."""
         taken: dict[str, Partial] = {}
         with self._lock:
-            for phase in self._phases.values():
+            for phase in self.tree.phases.values():
                 take_from(phase.root, taken)
         return taken
 
@@ -75,7 +76,7 @@ class WorkerSide:
         if prefix is DROPPED:
             return
         name = self._local.__dict__.get("phase", DEFAULT_PHASE)
-        phase = self._phases.get(name) or cast("Stopwatch", self)._phase(name)
+        phase = self.tree.phases.get(name) or self.tree.phase(name)
         resolved = self._worker_nodes
         with self._lock:
             for path, partial in report[5].items():
@@ -83,7 +84,7 @@ class WorkerSide:
                 if node is None:
                     node = prefix
                     for part in path.split("/"):
-                        node = node.children.get(part) or cast("Stopwatch", self)._add_child(node, part)
+                        node = node.children.get(part) or self.tree.add_child(node, part)
                         node.in_workers = True
                     resolved[(prefix, path)] = node
                 node.stats.absorb(partial)

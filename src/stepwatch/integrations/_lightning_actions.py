@@ -45,7 +45,7 @@ def record(stopwatch: Any, name: str, elapsed_ns: int) -> None:
     parent = stopwatch._thread_stack()[-1][1]
     if parent is DROPPED:
         return
-    node = parent.children.get(name) or stopwatch._add_child(parent, name)
+    node = parent.children.get(name) or stopwatch.tree.add_child(parent, name)
     node.buf.append(elapsed_ns)
     if len(node.buf) >= FOLD:
         stopwatch._fold(node)
