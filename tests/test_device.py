@@ -90,8 +90,8 @@ def test_resolution_is_lazy_and_in_order(clock: FakeClock) -> None:
 
 def test_bounded_queue_drains_with_one_synchronize_when_full(clock: FakeClock) -> None:
     sw, device = make(clock)
-    assert sw._device is not None
-    sw._device.max_pending = 9  # 3 measurements per step: full every 3 steps
+    assert sw.device_timer is not None
+    sw.device_timer.max_pending = 9  # 3 measurements per step: full every 3 steps
     train(sw, device, clock, 12, load_ns=0, fwd=100 * MS, bwd=100 * MS)
     assert device.calls["synchronize"] == 1 + 4  # the anchor when timing starts, then one per full queue
     assert sw.summary().stages["step/backward"].device.calls == 11

@@ -119,7 +119,7 @@ class TracedBlock(Block):
                 node = frame[1]
                 buf = node.buf
                 buf.append(end - frame[2])
-                trace = sw._trace
+                trace = sw.timeline
                 if trace is not None and node is not DROPPED:
                     trace.events += (node, frame[2], end, stack)
                 if len(buf) >= FOLD:
@@ -148,7 +148,7 @@ class DeviceBlock(Block):
             node = parent.children.get(self._name)
             if node is None:
                 node = sw.tree.add_child(parent, self._name)
-            device = sw._device
+            device = sw.device_timer
             if device is None or node is DROPPED:
                 stack.append((self, node, self._clock()))
                 return
@@ -160,7 +160,7 @@ class DeviceBlock(Block):
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         sw = self._sw
         if sw._hot:
-            device = sw._device
+            device = sw.device_timer
             if device is not None:
                 device.before_clock()
             end = self._clock()
@@ -175,7 +175,7 @@ class DeviceBlock(Block):
             del stack[-1]
             node = frame[1]
             node.buf.append(end - frame[2])
-            trace = sw._trace
+            trace = sw.timeline
             if trace is not None and node is not DROPPED:
                 trace.events += (node, frame[2], end, stack)
             if len(node.buf) >= FOLD:
@@ -198,7 +198,7 @@ class Blocks(dict[str, Block]):
     def __missing__(self, stage: str) -> Block:
         check_name(stage, "stage")
         sw = self._stopwatch
-        kind = DeviceBlock if sw._device_spec is not None else TracedBlock if sw._trace is not None else Block
+        kind = DeviceBlock if sw._device_spec is not None else TracedBlock if sw.timeline is not None else Block
         if len(self) >= MAX_STAGES:
             self._stopwatch.tree.warn_overflow(stage)
             overflow = dict.get(self, OVERFLOW)

@@ -135,7 +135,7 @@ def iterate(
     root_frame: Frame | None = None
     wait_frame: Frame | None = None
     body_frame: Any = None
-    device = sw._device
+    device = sw.device_timer
     device_loop = _Loop(phase) if device is not None and own_phase else None
     loop_phase = phase if own_phase else None
     iterator: Any = None
@@ -143,7 +143,7 @@ def iterate(
     if outer:
         seen_by(sw.out)  # the job is kept while its group is up; rank 0 is to wait for this rank's run at exit
     main = outer and _is_main(sw, phase.name)
-    trace = sw._trace  # the timeline of recent steps, when kept
+    trace = sw.timeline  # the timeline of recent steps, when kept
     every = sw.periodic.every if main else ()  # what runs every N training steps
     if not outer:
         _check_enclosing(sw, site)
@@ -369,8 +369,8 @@ def close_frame(
     node.buf.append(elapsed)
     if len(node.buf) >= FOLD:
         sw._fold(node)
-    if len(frame) > 3 and sw._device is not None:
-        sw._device.end(frame, stack[-1], node, loop)
+    if len(frame) > 3 and sw.device_timer is not None:
+        sw.device_timer.end(frame, stack[-1], node, loop)
     if phase is not None:
         phase.loop_ns += elapsed
     return True

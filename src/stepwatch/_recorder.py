@@ -66,7 +66,9 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
     Parts of the recording, each owned by its module, not API: ``periodic``
     (:class:`~stepwatch._periodic.PeriodicCalls`), what runs every N training steps; ``span``
     (:class:`~stepwatch._run_span.RunSpan`), when the run started and how long it ran, across resumes;
-    ``tree`` (:class:`~stepwatch._tree.StageTree`), the recorded stages of every phase.
+    ``tree`` (:class:`~stepwatch._tree.StageTree`), the recorded stages of every phase; ``device_timer``
+    (:class:`~stepwatch._device.DeviceTimer`, with a device), the device's events and peak memory;
+    ``timeline`` (:class:`~stepwatch._trace.Trace`, with ``trace_steps``), the recent steps' block events.
     """
 
     def __init__(
@@ -94,9 +96,9 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         self.memory = memory
         self.sync = bool(sync)
         self.nvtx = bool(nvtx)
-        self._device: DeviceTimer | None = None
+        self.device_timer: DeviceTimer | None = None
         self.window = check_window(window)
-        self._trace: Trace | None = None
+        self.timeline: Trace | None = None
         if trace_steps is not None:
             self._keep_trace(trace_steps)
         self._clock = clock
@@ -203,18 +205,18 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         check_steps(steps, "trace_steps", optional=False)
         if not 1 <= steps <= MAX_TRACE_STEPS:
             raise ValueError(f"trace_steps must be from 1 to {MAX_TRACE_STEPS:,}, got {steps}")
-        self._trace = Trace(steps)
-        device = getattr(self, "_device", None)
+        self.timeline = Trace(steps)
+        device = getattr(self, "device_timer", None)
         if device is not None:
-            device.trace = self._trace
+            device.trace = self.timeline
         if hasattr(self, "_blocks"):
             self._blocks.clear()  # made again, traced
 
     def _open_device(self) -> None:
-        if self._device is None and self._device_spec is not None:
+        if self.device_timer is None and self._device_spec is not None:
             from ._device import make_backend
 
-            self._device = DeviceTimer(
+            self.device_timer = DeviceTimer(
                 make_backend(self._device_spec),
                 sync=self.sync,
                 nvtx=self.nvtx,
@@ -222,7 +224,7 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
                 stage_memory=self.memory == "stage",
                 clock=self._clock,
             )
-            self._device.trace = self._trace
+            self.device_timer.trace = self.timeline
 
     def _use_device(self, device: Any) -> None:
         """Time on ``device`` from now on (auto-instrumentation finds the model's device after the start):
@@ -267,8 +269,8 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         self.span.clear()
         self._in_window = True
         self._worker_nodes.clear()  # the nodes' "ran in workers" marks are cleared: found again from reports
-        if self._trace is not None:
-            self._trace.clear()
+        if self.timeline is not None:
+            self.timeline.clear()
         self._update_flags()
 
     # -- recording ---------------------------------------------------------------------------------------
@@ -368,7 +370,7 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
     # -- the tree ----------------------------------------------------------------------------------------
 
     def _fold(self, node: Node) -> None:
-        trace = self._trace
+        trace = self.timeline
         if trace is not None and len(trace.events) > 4 * LOOSE_EVENTS:  # blocks with no step: bounded all the same
             del trace.events[: 2 * LOOSE_EVENTS]  # the older half (4 items an event)
         with self._lock:

@@ -27,11 +27,11 @@ class Results:
     """Summaries, reports, saving and ``state_dict``, for :class:`~stepwatch.Stopwatch`."""
 
     _lock: threading.RLock
-    _device: DeviceTimer | None
+    device_timer: DeviceTimer | None
     tree: StageTree
     _clock: Any
     span: RunSpan
-    _trace: Trace | None
+    timeline: Trace | None
     _stacks: dict[int, list[Any]]
 
     # -- results -----------------------------------------------------------------------------------------
@@ -62,8 +62,8 @@ class Results:
         from ._run_file import build_metadata
 
         with self._lock:
-            if self._device is not None:
-                self._device.drain()  # the one synchronize: everything pending is resolved now
+            if self.device_timer is not None:
+                self.device_timer.drain()  # the one synchronize: everything pending is resolved now
             phases = {}
             for name, phase in self.tree.phases.items():
                 stages: dict[str, StageStats] = {}
@@ -83,8 +83,8 @@ class Results:
                             for worker_id, totals in sorted(phase.workers.items())
                         },
                     )
-            ooms = tuple(self._device.out_of_memory) if self._device is not None else ()
-            trace = self._trace.snapshot(self._stacks) if self._trace is not None else ()
+            ooms = tuple(self.device_timer.out_of_memory) if self.device_timer is not None else ()
+            trace = self.timeline.snapshot(self._stacks) if self.timeline is not None else ()
             return Summary(phases, self.span.elapsed_ns() * 1e-9, build_metadata(cast("Stopwatch", self)), ooms, trace)
 
     def metrics(self, prefix: str = "stepwatch") -> dict[str, float]:
@@ -150,7 +150,7 @@ class Results:
         from ._run_file import detect_devices
 
         devices = list(self.span.devices_before)
-        current = [self._device.backend.name] if self._device is not None else detect_devices()
+        current = [self.device_timer.backend.name] if self.device_timer is not None else detect_devices()
         for device in current:
             if not devices or devices[-1] != device:
                 devices.append(device)

@@ -163,8 +163,8 @@ class TimedCollate:
         _state.fetch_started_ns = None
         taken = stopwatch._take()
         report: WorkerReport = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, taken, cpu, queued)
-        if stopwatch._trace is not None:  # the timeline is kept: the batch's events ride along
-            report = (*report, stopwatch._trace.take_worker_events())
+        if stopwatch.timeline is not None:  # the timeline is kept: the batch's events ride along
+            report = (*report, stopwatch.timeline.take_worker_events())
         return Carrier(batch, report)
 
 
@@ -205,7 +205,7 @@ class TimedGetItems:
         dataset = self.dataset
         samples: list[Any] = []
         append = samples.append
-        if stopwatch._measuring is not True or stopwatch._device is not None or stopwatch._trace is not None:
+        if stopwatch._measuring is not True or stopwatch.device_timer is not None or stopwatch.timeline is not None:
             for index in indices:
                 with block:
                     append(dataset[index])

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class WorkerSide:
     """Starting a worker's recording, taking its measurements, receiving them: for ``Stopwatch``."""
 
-    _trace: Trace | None
+    timeline: Trace | None
     _blocks: Blocks
     _lock: threading.RLock
     _count_lock: threading.Lock
@@ -42,7 +42,7 @@ class WorkerSide:
         """In a DataLoader worker: a clean, enabled recording that never autosaves. A forked worker inherits
         the parent's recording, stacks and locks (possibly held by a parent thread at the fork): all new. With
         ``trace``, its blocks' events ride on each batch's report to the main process's timeline."""
-        self._trace = Trace(1) if trace else None
+        self.timeline = Trace(1) if trace else None
         self._blocks.clear()  # made again, traced or not
         self._lock = threading.RLock()
         self.tree.lock = self._lock
@@ -89,8 +89,8 @@ class WorkerSide:
                     resolved[(prefix, path)] = node
                 node.stats.absorb(partial)
             worker_id = report[0] + offset
-            if len(report) > 8 and self._trace is not None:
-                self._trace.add_worker_events(worker_id, cast("Any", report)[8], prefix.path)
+            if len(report) > 8 and self.timeline is not None:
+                self.timeline.add_worker_events(worker_id, cast("Any", report)[8], prefix.path)
             totals = phase.workers.get(worker_id)
             if totals is None:
                 totals = phase.workers[worker_id] = WorkerTotals()

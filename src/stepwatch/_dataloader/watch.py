@@ -227,5 +227,5 @@ def _instrument(loader: Any, stopwatch: Stopwatch) -> tuple[Unwrapping, TimedCol
         init = WorkerInit(init)
         loader.worker_init_fn = init
     init.watcher = stopwatch
-    init.trace = stopwatch._trace is not None
+    init.trace = stopwatch.timeline is not None
     return unwrapping, collate, init
