@@ -32,11 +32,7 @@ def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
         running = any(site.phase == old for sites in sw._loop_sites.values() for site in sites)
         if phase is None or running or (taken is not None and not is_empty(taken)):
             return False
-        phase.move_into(sw.tree.phase(new))
-        if old in sw._loader_configs:
-            sw._loader_configs[new] = sw._loader_configs.pop(old)
-        if old in sw._looped_phases:
-            sw._looped_phases = {new if name == old else name: None for name in sw._looped_phases}
+        sw.tree.rename(old, new)
         return True
 
 

@@ -80,14 +80,6 @@ WAITING: Any = object()
 """What a loop in beats yields when its wait begins."""
 
 
-def _is_main(sw: Stopwatch, phase: str) -> bool:
-    """Whether ``phase`` is the run's main phase, the one warm-up applies to: ``train``, or in a run without
-    it, the first phase that ran a loop. Evaluation loops are measured from their first step."""
-    looped = sw._looped_phases
-    looped.setdefault(phase, None)
-    return phase == (DEFAULT_PHASE if DEFAULT_PHASE in looped else next(iter(looped)))
-
-
 def _check_enclosing(sw: Stopwatch, site: LoopSite) -> None:
     """A loop starts inside another's open step: say so once if that other loop was in fact abandoned."""
     sites = sw._loop_sites.get(threading.get_ident())
@@ -142,7 +134,7 @@ def iterate(
     site = LoopSite(None if driven or beats else sys._getframe(1), phase.name)  # the frame calling next()
     if outer:
         seen_by(sw.out)  # the job is kept while its group is up; rank 0 is to wait for this rank's run at exit
-    main = outer and _is_main(sw, phase.name)
+    main = outer and sw.tree.is_main(phase.name)  # warm-up applies to it; evaluation loops measure from step 1
     trace = sw.timeline  # the timeline of recent steps, when kept
     every = sw.periodic.every if main else ()  # what runs every N training steps
     if not outer:
@@ -154,7 +146,7 @@ def iterate(
         if own_phase:
             config = loader_config(iterable if source is None else source)
             if config is not None:
-                sw._loader_configs[phase.name] = config
+                sw.tree.loader_configs[phase.name] = config
             root_frame = (None, phase.root, 0)
             stack.append(root_frame)
             sw._local.phase = phase.name

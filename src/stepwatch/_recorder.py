@@ -122,8 +122,6 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         self._before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
         self._local = threading.local()
         self._loop_sites: dict[int, list[LoopSite]] = {}  # thread id -> its open timed iterators, innermost last
-        self._loader_configs: dict[str, dict[str, Any]] = {}  # phase -> its DataLoader's configuration
-        self._looped_phases: dict[str, None] = {}  # phases that ran an outermost loop, in order
         self._worker_nodes: dict[tuple[Node, str], Node] = {}  # (loader node, worker path) -> node
         self._counter_warned = False
         self.span = RunSpan(clock)  # when the run started, how long it ran, across resumes

@@ -82,7 +82,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         },
         "device_error": None if stopwatch.device_timer is None else stopwatch.device_timer.error,
         "dropped_blocks": stopwatch.span.dropped_blocks,
-        "loaders": {phase: dict(config) for phase, config in stopwatch._loader_configs.items()},
+        "loaders": {phase: dict(config) for phase, config in stopwatch.tree.loader_configs.items()},
         "auto": None if stopwatch._describe_auto is None else stopwatch._describe_auto(),
         **_ranks(),
     }

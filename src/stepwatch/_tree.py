@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ._constants import FOLD, MAX_STAGES, OVERFLOW
+from ._constants import DEFAULT_PHASE, FOLD, MAX_STAGES, OVERFLOW
 from ._dataloader.in_workers import WorkerReport
 from ._stats import Partial, RunningStats, partial_of
 from ._summary import StageStats, WorkerStats
@@ -170,6 +170,25 @@ class StageTree:
         self.phase_of_root: dict[Node, str] = {}
         self.node_count = 0
         self.overflow_warned = False
+        self.loader_configs: dict[str, dict[str, Any]] = {}  # phase -> its DataLoader's configuration (advice)
+        self.looped: dict[str, None] = {}  # the phases that ran an outermost loop, in order
+
+    def is_main(self, phase: str) -> bool:
+        """Notes that ``phase`` runs an outermost loop; whether it is the run's main phase, the one warm-up
+        applies to: ``train``, or in a run without it, the first phase that ran a loop."""
+        looped = self.looped
+        looped.setdefault(phase, None)
+        return phase == (DEFAULT_PHASE if DEFAULT_PHASE in looped else next(iter(looped)))
+
+    def rename(self, old: str, new: str) -> None:
+        """Files what phase ``old`` recorded, and what is known of it, under ``new``. The phase under the old
+        name stays, empty: threads' stacks stand on its root."""
+        with self.lock:
+            self.phases[old].move_into(self.phase(new))
+            if old in self.loader_configs:
+                self.loader_configs[new] = self.loader_configs.pop(old)
+            if old in self.looped:
+                self.looped = {new if name == old else name: None for name in self.looped}
 
     def phase(self, name: str) -> Phase:
         """The phase ``name``, made on first use."""

@@ -106,7 +106,7 @@ class Attachment:
                 self.loader_of[phase] = inner
                 config = loader_config(inner)
                 if config is not None:
-                    _default._loader_configs[phase] = config
+                    _default.tree.loader_configs[phase] = config
                 if _default.is_enabled() and not any(inner is known for known in self.loaders):
                     instrument_always(inner, _default)
                     self.loaders.append(inner)
