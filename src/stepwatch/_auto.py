@@ -199,7 +199,7 @@ class AutoSession:
         self.evaluation_thread = get_ident()
         self.found.evaluations += 1
         next(self.evaluation)
-        self.sw._end_segment = self.end_evaluation
+        self.sw.auto_hooks.end_evaluation = self.end_evaluation
 
     def end_evaluation(self) -> bool:
         """Ends the evaluation under way on this thread, if any: its last forward's step is counted (training
@@ -208,7 +208,7 @@ class AutoSession:
         if evaluation is None or self.evaluation_thread != get_ident():
             return False
         self.evaluation = self.evaluation_thread = None
-        self.sw._end_segment = None
+        self.sw.auto_hooks.end_evaluation = None
         with contextlib.suppress(StopIteration):
             next(evaluation)
         evaluation.close()

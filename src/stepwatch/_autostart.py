@@ -88,7 +88,7 @@ def auto(on: bool = True, *, val_phase: str = VAL_PHASE, device: Any = "auto") -
         _at_end.append(_end_steps)
     session = AutoSession(default, val_phase, device)
     _patches.session = session
-    default._describe_auto = session.found.describe
+    default.auto_hooks.describe = session.found.describe
     if not default.is_enabled():
         default.enable()
     torch = sys.modules.get("torch")

@@ -29,7 +29,7 @@ def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
     with sw._lock:
         phase = sw.tree.phases.get(old)
         taken = sw.tree.phases.get(new)
-        running = any(site.phase == old for sites in sw._loop_sites.values() for site in sites)
+        running = sw.loops.running(old)
         if phase is None or running or (taken is not None and not is_empty(taken)):
             return False
         sw.tree.rename(old, new)

@@ -80,12 +80,35 @@ WAITING: Any = object()
 """What a loop in beats yields when its wait begins."""
 
 
+class OpenLoops:
+    """The timed iterators open on each thread, innermost last, owned by one :class:`~stepwatch.Stopwatch`: for
+    telling an abandoned loop from one still running, and whether a phase has a loop running."""
+
+    def __init__(self) -> None:
+        self.by_thread: dict[int, list[LoopSite]] = {}
+
+    def here(self) -> list[LoopSite]:
+        """This thread's open loops (a list the loop appends itself to, and removes itself from)."""
+        return self.by_thread.setdefault(threading.get_ident(), [])
+
+    def innermost_here(self) -> LoopSite | None:
+        sites = self.by_thread.get(threading.get_ident())
+        return sites[-1] if sites else None
+
+    def running(self, phase: str) -> bool:
+        """Whether a loop of ``phase`` is open on any thread."""
+        return any(site.phase == phase for sites in list(self.by_thread.values()) for site in sites)
+
+    def forget(self) -> None:
+        """Starts afresh (in a forked DataLoader worker: the parent's loops are not this process's)."""
+        self.by_thread = {}
+
+
 def _check_enclosing(sw: Stopwatch, site: LoopSite) -> None:
     """A loop starts inside another's open step: say so once if that other loop was in fact abandoned."""
-    sites = sw._loop_sites.get(threading.get_ident())
-    if not sites or sites[-1].warned or sw.periodic.ticking:  # a log_every callback's loop runs between two steps
+    enclosing = sw.loops.innermost_here()
+    if enclosing is None or enclosing.warned or sw.periodic.ticking:  # a log_every callback's loop: between steps
         return
-    enclosing = sites[-1]
     if enclosing.abandoned(site.frame):
         enclosing.warned = True
         logger.warning(
@@ -139,7 +162,7 @@ def iterate(
     every = sw.periodic.every if main else ()  # what runs every N training steps
     if not outer:
         _check_enclosing(sw, site)
-    sites = sw._loop_sites.setdefault(threading.get_ident(), [])
+    sites = sw.loops.here()
     sites.append(site)
     loop_started = clock()
     try:

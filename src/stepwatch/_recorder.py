@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_loop_names, check_name
@@ -22,7 +23,7 @@ from ._constants import DEFAULT_PHASE
 from ._dataloader.reports import WorkerSide
 from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
-from ._loops import LoopSite, iterate
+from ._loops import OpenLoops, iterate
 from ._periodic import PeriodicCalls
 from ._results import Results
 from ._run_span import RunSpan
@@ -37,6 +38,16 @@ logger = logging.getLogger("stepwatch")
 
 COUNTER_LIMIT = sys.float_info.max
 """Counters saturate here, so that what was counted can always be saved and reported."""
+
+
+@dataclass
+class AutoHooks:
+    """What auto-instrumentation plugs into a recording: ``describe`` gives the report's first line (what it
+    found), ``end_evaluation`` ends its evaluation loop open on this thread, if any (a block closing around
+    it)."""
+
+    describe: Callable[[], str] | None = None
+    end_evaluation: Callable[[], bool] | None = None
 
 
 class Stopwatch(Results, ThreadStacks, WorkerSide):
@@ -68,7 +79,9 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
     (:class:`~stepwatch._run_span.RunSpan`), when the run started and how long it ran, across resumes;
     ``tree`` (:class:`~stepwatch._tree.StageTree`), the recorded stages of every phase; ``device_timer``
     (:class:`~stepwatch._device.DeviceTimer`, with a device), the device's events and peak memory;
-    ``timeline`` (:class:`~stepwatch._trace.Trace`, with ``trace_steps``), the recent steps' block events.
+    ``timeline`` (:class:`~stepwatch._trace.Trace`, with ``trace_steps``), the recent steps' block events;
+    ``loops`` (:class:`~stepwatch._loops.OpenLoops`), the timed iterators open on each thread; ``auto_hooks``
+    (:class:`AutoHooks`), what auto-instrumentation plugs in.
     """
 
     def __init__(
@@ -114,14 +127,13 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         self.periodic = PeriodicCalls()  # what runs every N training steps (log_every, gather_every)
         self._gathers = 0  # gather_every's saves so far, naming each gather
         self._stop_gathering: Callable[[], None] | None = None
-        self._describe_auto: Callable[[], str] | None = None  # what auto-instrumentation found, for the report
-        self._end_segment: Callable[[], bool] | None = None  # ends auto's open evaluation loop, if on this thread
+        self.auto_hooks = AutoHooks()  # what auto-instrumentation plugs in, when it runs
         self.tree = StageTree(self.window, self._lock)  # the recorded stages of every phase
         self._phases = self.tree.phases  # a handle for count()'s hot path (the tree's own dict)
         self._stacks: dict[int, list[Frame]] = {}  # thread id -> its stack
         self._before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
         self._local = threading.local()
-        self._loop_sites: dict[int, list[LoopSite]] = {}  # thread id -> its open timed iterators, innermost last
+        self.loops = OpenLoops()  # the timed iterators open on each thread
         self._worker_nodes: dict[tuple[Node, str], Node] = {}  # (loader node, worker path) -> node
         self._counter_warned = False
         self.span = RunSpan(clock)  # when the run started, how long it ran, across resumes
@@ -257,9 +269,9 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
             for phase in self.tree.phases.values():
                 phase.clear()
             self._clear_run()
-            found = getattr(self._describe_auto, "__self__", None)
+            found = getattr(self.auto_hooks.describe, "__self__", None)
             if found is not None and not getattr(found, "active", True):  # auto-instrumentation has ended
-                self._describe_auto = None
+                self.auto_hooks.describe = None
             if self._enabled:
                 self.span.restart()
 

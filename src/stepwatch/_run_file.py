@@ -83,7 +83,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "device_error": None if stopwatch.device_timer is None else stopwatch.device_timer.error,
         "dropped_blocks": stopwatch.span.dropped_blocks,
         "loaders": {phase: dict(config) for phase, config in stopwatch.tree.loader_configs.items()},
-        "auto": None if stopwatch._describe_auto is None else stopwatch._describe_auto(),
+        "auto": None if stopwatch.auto_hooks.describe is None else stopwatch.auto_hooks.describe(),
         **_ranks(),
     }
     metadata["job"] = _job_id() if metadata["rank"] is not None else None

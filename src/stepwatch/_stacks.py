@@ -17,6 +17,7 @@ from ._tree import DROPPED, LOOP, Frame, Phase, StageTree, dropped_copy
 
 if TYPE_CHECKING:
     from ._blocks import Block
+    from ._recorder import AutoHooks
     from ._run_span import RunSpan
 
 DROPPING = 0
@@ -37,7 +38,7 @@ class ThreadStacks:
     _hot: bool
     span: RunSpan
     tree: StageTree
-    _end_segment: Any  # Callable[[], bool] | None: ends auto-instrumentation's open evaluation loop
+    auto_hooks: AutoHooks
 
     def _phase(self, name: str) -> Phase:
         raise NotImplementedError
@@ -106,7 +107,7 @@ class ThreadStacks:
         nesting is wrong, so the block's measurement and theirs are dropped and counted in the summary; the
         hierarchy of what follows stays intact. An evaluation loop that auto-instrumentation opened inside the
         block is ended first, and the block then closes as usual."""
-        end_segment = self._end_segment
+        end_segment = self.auto_hooks.end_evaluation
         if end_segment is not None and end_segment() and stack[-1][0] is owner:
             owner.__exit__(None, None, None)
             return

@@ -18,6 +18,7 @@ from .in_workers import WorkerReport
 
 if TYPE_CHECKING:
     from .._blocks import Blocks
+    from .._loops import OpenLoops
     from .._recorder import Stopwatch
 
 
@@ -31,7 +32,7 @@ class WorkerSide:
     out: str | None
     _stacks: dict[int, Any]
     _before_switch: dict[int, Any]
-    _loop_sites: dict[int, Any]
+    loops: OpenLoops
     _local: threading.local
     tree: StageTree
     _enabled: bool
@@ -50,7 +51,7 @@ class WorkerSide:
         self.out = None
         self._stacks = {}
         self._before_switch = {}
-        self._loop_sites = {}
+        self.loops.forget()
         self._local = threading.local()
         for phase in self.tree.phases.values():
             phase.clear()
