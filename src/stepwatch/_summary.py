@@ -434,11 +434,9 @@ class Summary:
 
     @property
     def main_phase(self) -> PhaseSummary:
-        if DEFAULT_PHASE in self.phases:
-            return self.phases[DEFAULT_PHASE]
-        if self.phases:
+        if self.phases and DEFAULT_PHASE not in self.phases:
             return next(iter(self.phases.values()))
-        return PhaseSummary(DEFAULT_PHASE, {}, {}, 0, 0)
+        return self.phase_or_empty(DEFAULT_PHASE)
 
     @property
     def stages(self) -> Mapping[str, StageStats]:

@@ -77,7 +77,7 @@ class WorkerSide:
         if prefix is DROPPED:
             return
         name = self._local.__dict__.get("phase", DEFAULT_PHASE)
-        phase = self.tree.phases.get(name) or self.tree.phase(name)
+        phase = self.tree.phase(name)
         resolved = self._worker_nodes
         with self._lock:
             for path, partial in report[5].items():
