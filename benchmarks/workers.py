@@ -44,12 +44,12 @@ def transport_ns(samples: int, repeats: int, rounds: int) -> dict[str, float]:
             with collate:
                 pass
             start = time.perf_counter_ns()
-            report: WorkerReport = (0, 1, 0, 1000, time.perf_counter_ns(), worker._take())
+            report: WorkerReport = (0, 1, 0, 1000, time.perf_counter_ns(), worker.workers.take())
             carrier = Carrier(None, report)
             middle = time.perf_counter_ns()
             received: Carrier = pickle.loads(pickle.dumps(carrier, protocol=pickle.HIGHEST_PROTOCOL))
             after_pickle = time.perf_counter_ns()
-            main._receive_worker_report(received.report)
+            main.workers.receive(received.report)
             end = time.perf_counter_ns()
             take += middle - start
             pick += after_pickle - middle

@@ -418,7 +418,7 @@ def test_device_timing_is_on_when_a_device_is_given() -> None:
         stepwatch.disable()
         stepwatch.reset()
         stepwatch._default.device_timer = None
-        stepwatch._default._device_spec = None
+        stepwatch._default.device = None
         stepwatch._default._blocks.clear()
         device.close()
 

@@ -492,14 +492,13 @@ def test_block_spanning_the_end_of_the_window_is_recorded_and_leaves_no_trace(cl
     for _ in sw.timed_iter(range(3)):  # outside the window, with nothing left open
         with sw.timed("unmeasured"):
             pass
-    assert not sw._hot  # so leaving a block costs what it costs with the stopwatch off
+    assert not sw.stacks.hot  # so leaving a block costs what it costs with the stopwatch off
     stages = sw.summary().stages
     assert "step/unmeasured" not in stages
     assert stages["epoch"].calls == 1
     assert stages["step/forward"].calls + stages["first_step/forward"].calls == 2  # rooted at the phase
     sw.schedule = type(sw.schedule)()  # measure again, from the top level
-    sw._in_window = True
-    sw._update_flags()
+    sw.stacks.set_window(True)
     with sw.timed("after"):
         pass
     assert "after" in sw.summary().stages  # not nested under a stale "epoch" frame

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from stepwatch import Stopwatch
+from stepwatch._figures import StageStats
 from stepwatch._stats import RunningStats, percentile
-from stepwatch._summary import StageStats
 
 from .conftest import FakeClock
 

@@ -109,7 +109,7 @@ def test_iter_failing_leaves_a_clean_state(clock: FakeClock) -> None:
     with pytest.raises(RuntimeError, match="failed to start"):
         for _ in sw.timed_iter(flaky):
             pass
-    assert len(sw._thread_stack()) == 1
+    assert len(sw.stacks.thread_stack()) == 1
     for _ in sw.timed_iter(flaky):
         clock.advance(MS)
     phase = sw.summary().main_phase
@@ -131,7 +131,7 @@ def test_exceptions_from_data_and_body_leave_a_clean_state(clock: FakeClock) -> 
     with pytest.raises(KeyError):
         for _ in sw.timed_iter(range(3)):
             raise KeyError("body")
-    assert len(sw._thread_stack()) == 1
+    assert len(sw.stacks.thread_stack()) == 1
     train(sw, clock, 4)
     assert sw.summary().main_phase.stages["step/forward"].calls == 3
 
@@ -157,7 +157,7 @@ def test_overlapping_async_blocks_are_dropped_and_said(clock: FakeClock) -> None
     assert set(summary.stages) == {"after"}  # nothing nests under a stale frame
     assert summary.metadata["dropped_blocks"] == 2
     assert "2 timed blocks were dropped" in sw.report()
-    assert len(sw._thread_stack()) == 1
+    assert len(sw.stacks.thread_stack()) == 1
 
 
 def test_timed_async_function_times_the_awaited_coroutine() -> None:
@@ -237,7 +237,7 @@ def test_disable_drops_open_blocks_and_what_opens_inside_them(clock: FakeClock) 
     with sw.timed("next"):
         clock.advance(MS)
     assert set(sw.summary().stages) == {"next"}
-    assert not sw._hot or sw._measuring
+    assert not sw.stacks.hot or sw.stacks.measuring
 
 
 # -- abandoned loops -------------------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_abandoned_loop_is_detected_and_said(caplog: pytest.LogCaptureFixture) -
         pass
     assert "left (break or return) but not closed" in caplog.text
     loop.close()  # type: ignore[attr-defined]
-    assert len(sw._thread_stack()) == 1
+    assert len(sw.stacks.thread_stack()) == 1
 
 
 def validate(sw: Stopwatch) -> None:

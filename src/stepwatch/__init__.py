@@ -18,10 +18,11 @@ from ._all_ranks import AllRanks, load
 from ._autostart import auto
 from ._config import ConfigError, auto_from_env, enabled_from_env, out_from_env
 from ._dataloader.in_workers import TimedTransform as timed_transform
+from ._figures import StageStats
 from ._recorder import Stopwatch
 from ._render import FORMATS
 from ._run_file import FormatError
-from ._summary import PhaseSummary, StageStats, Summary
+from ._summary import PhaseSummary, Summary
 
 __all__ = [
     "AllRanks",

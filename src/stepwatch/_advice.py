@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ._constants import FIRST_BATCH
 
 if TYPE_CHECKING:
-    from ._summary import PhaseSummary, StageStats
+    from ._figures import StageStats
+    from ._summary import PhaseSummary
 
 MODERATELY = 0.05
 """A share of the loop above which a cause is worth acting on (TensorFlow's "moderately")."""

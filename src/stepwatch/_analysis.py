@@ -32,7 +32,8 @@ from ._advice import BODY, MODERATELY, WAIT, common_advice, input_advice
 from ._constants import DEFAULT_PHASE
 
 if TYPE_CHECKING:
-    from ._summary import PhaseSummary, StageStats, Summary
+    from ._figures import StageStats
+    from ._summary import PhaseSummary, Summary
 
 HIGHLY = 0.20
 HOST_BOUND = 0.50

@@ -191,7 +191,7 @@ class AutoSession:
         if self.evaluation is not None:
             next(self.evaluation)
             return
-        if self.sw._local.__dict__.get("phase", DEFAULT_PHASE) != DEFAULT_PHASE:
+        if self.sw.stacks.phase_name() != DEFAULT_PHASE:
             return  # already in another phase: a validation DataLoader loop of its own
         from ._loops import iterate
 
@@ -226,7 +226,7 @@ class AutoSession:
             if self.driven.thread == get_ident() and self.loop_depth == 1:
                 self.driven.tick()
             return
-        if self.loop_thread is None and self.sw._enabled:
+        if self.loop_thread is None and self.sw.is_enabled():
             self._prepare_device()
             self.loop_thread, self.loop_depth = get_ident(), 1
             self.found.driven = True
@@ -347,7 +347,7 @@ class AutoSession:
         self.accelerator = True
         self.found.device = str(device)
         try:
-            self.sw._use_device(device)
+            self.sw.use_device(device)
         except Exception as error:  # device timing is extra: the program runs on without it
             self.found.device = None
             logger.warning("stepwatch: no device timing on %s: %s", device, error)

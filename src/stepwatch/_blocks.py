@@ -3,8 +3,8 @@
 The hot path is kept to a few attribute reads, two clock reads, a tuple and one list append per block. A block
 leaves a frame on its thread's stack while open; on the way out it expects its own frame on top. When it is
 not there (asyncio tasks whose blocks overlap on one thread, a block closed out of order), the cold path in
-:meth:`Stopwatch._unwind` drops the overlapping measurements instead of letting a stale frame corrupt the
-hierarchy of everything after it.
+:meth:`~stepwatch._stacks.ThreadStacks.unwind` drops the overlapping measurements instead of letting a stale
+frame corrupt the hierarchy of everything after it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OTHER, OVERFLOW
+from ._constants import FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OTHER, OVERFLOW
 from ._tree import DROPPED
 
 if TYPE_CHECKING:
@@ -33,40 +33,40 @@ class Block:
     def __init__(self, stopwatch: Stopwatch, name: str) -> None:
         self._sw = stopwatch
         self._name = name
-        self._clock = stopwatch._clock
+        self._clock = stopwatch.clock
 
     def __enter__(self) -> None:
-        sw = self._sw
-        if sw._measuring:
+        stacks = self._sw.stacks
+        if stacks.measuring:
             try:
-                stack = sw._local.stack
+                stack = stacks.local.stack
             except AttributeError:
-                stack = sw._thread_stack()
+                stack = stacks.thread_stack()
             parent = stack[-1][1]
             node = parent.children.get(self._name)
             if node is None:
-                node = sw.tree.add_child(parent, self._name)
+                node = self._sw.tree.add_child(parent, self._name)
             stack.append((self, node, self._clock()))
-        elif sw._measuring is not False:  # DROPPING (read again: it may have changed since)
-            sw._track(self)
+        elif stacks.measuring is not False:  # DROPPING (read again: it may have changed since)
+            stacks.track(self)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        sw = self._sw
-        if sw._hot:
+        stacks = self._sw.stacks
+        if stacks.hot:
             end = self._clock()
             try:
-                stack = sw._local.stack
+                stack = stacks.local.stack
             except AttributeError:
-                stack = sw._thread_stack()
+                stack = stacks.thread_stack()
             frame = stack[-1]
             if frame[0] is self:
                 del stack[-1]
                 buf = frame[1].buf
                 buf.append(end - frame[2])
                 if len(buf) >= FOLD:  # (DROPPED's buffer always reads as full)
-                    sw._fold(frame[1])
+                    stacks.fold(frame[1])
             else:
-                sw._unwind(stack, self)
+                stacks.unwind(stack, self)
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: every call of ``func`` is timed under this stage; an ``async def`` is timed
@@ -106,26 +106,26 @@ class TracedBlock(Block):
     __slots__ = ()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        sw = self._sw
-        if sw._hot:
+        stacks = self._sw.stacks
+        if stacks.hot:
             end = self._clock()
             try:
-                stack = sw._local.stack
+                stack = stacks.local.stack
             except AttributeError:
-                stack = sw._thread_stack()
+                stack = stacks.thread_stack()
             frame = stack[-1]
             if frame[0] is self:
                 del stack[-1]
                 node = frame[1]
                 buf = node.buf
                 buf.append(end - frame[2])
-                trace = sw.timeline
+                trace = stacks.timeline
                 if trace is not None and node is not DROPPED:
                     trace.events += (node, frame[2], end, stack)
                 if len(buf) >= FOLD:
-                    sw._fold(node)
+                    stacks.fold(node)
             else:
-                sw._unwind(stack, self)
+                stacks.unwind(stack, self)
 
 
 class DeviceBlock(Block):
@@ -138,11 +138,12 @@ class DeviceBlock(Block):
 
     def __enter__(self) -> None:
         sw = self._sw
-        if sw._measuring:
+        stacks = sw.stacks
+        if stacks.measuring:
             try:
-                stack = sw._local.stack
+                stack = stacks.local.stack
             except AttributeError:
-                stack = sw._thread_stack()
+                stack = stacks.thread_stack()
             parent_frame = stack[-1]
             parent = parent_frame[1]
             node = parent.children.get(self._name)
@@ -154,23 +155,24 @@ class DeviceBlock(Block):
                 return
             start, allocated, reserved = device.begin(self._name, parent_frame, device.stage_memory)
             stack.append([self, node, self._clock(), start, allocated, reserved])
-        elif sw._measuring is not False:  # DROPPING (read again: it may have changed since)
-            sw._track(self)
+        elif stacks.measuring is not False:  # DROPPING (read again: it may have changed since)
+            stacks.track(self)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         sw = self._sw
-        if sw._hot:
+        stacks = sw.stacks
+        if stacks.hot:
             device = sw.device_timer
             if device is not None:
                 device.before_clock()
             end = self._clock()
             try:
-                stack = sw._local.stack
+                stack = stacks.local.stack
             except AttributeError:
-                stack = sw._thread_stack()
+                stack = stacks.thread_stack()
             frame = stack[-1]
             if frame[0] is not self:
-                sw._unwind(stack, self)
+                stacks.unwind(stack, self)
                 return
             del stack[-1]
             node = frame[1]
@@ -179,12 +181,11 @@ class DeviceBlock(Block):
             if trace is not None and node is not DROPPED:
                 trace.events += (node, frame[2], end, stack)
             if len(node.buf) >= FOLD:
-                sw._fold(node)
+                stacks.fold(node)
             if device is not None and len(frame) > 3:
                 device.end(frame, stack[-1], node)
                 if isinstance(exc, BaseException) and device.backend.is_out_of_memory(exc):
-                    phase = sw._local.__dict__.get("phase", DEFAULT_PHASE)
-                    device.record_out_of_memory(phase, node.path, exc)
+                    device.record_out_of_memory(stacks.phase_name(), node.path, exc)
 
 
 class Blocks(dict[str, Block]):
@@ -198,7 +199,7 @@ class Blocks(dict[str, Block]):
     def __missing__(self, stage: str) -> Block:
         check_name(stage, "stage")
         sw = self._stopwatch
-        kind = DeviceBlock if sw._device_spec is not None else TracedBlock if sw.timeline is not None else Block
+        kind = DeviceBlock if sw.device is not None else TracedBlock if sw.timeline is not None else Block
         if len(self) >= MAX_STAGES:
             self._stopwatch.tree.warn_overflow(stage)
             overflow = dict.get(self, OVERFLOW)

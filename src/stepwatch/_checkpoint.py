@@ -25,7 +25,7 @@ _WHERE = "<state_dict>"
 
 def state_dict(sw: Stopwatch) -> dict[str, Any]:
     summary = sw.summary()
-    with sw._lock:
+    with sw.tree.lock:
         return {
             "stepwatch_state": STATE_VERSION,
             "summary": summary.to_dict(),
@@ -78,8 +78,8 @@ def _parse(state: Any) -> _State:
 
 def load_state_dict(sw: Stopwatch, state: Any) -> None:
     parsed = _parse(state)
-    with sw._lock:
-        sw._drop_open_frames()
+    with sw.tree.lock:
+        sw.stacks.drop_open_frames()
         for phase in sw.tree.phases.values():
             phase.clear()
         for name, phase_summary in parsed.summary.phases.items():

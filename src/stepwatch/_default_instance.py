@@ -8,6 +8,8 @@ instance at call time without an import cycle.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,3 +17,28 @@ if TYPE_CHECKING:
 
 stopwatch: Stopwatch
 """The default instance (``stepwatch._default``), set once by ``stepwatch/__init__``."""
+
+
+@contextlib.contextmanager
+def lent_to(other: Stopwatch) -> Iterator[None]:
+    """In the main process, while ``other`` (not the default) fetches a batch: blocks on the default stopwatch
+    (``stepwatch.timed``, ``timed_transform``) record into ``other``, as they do in workers, so the same dataset
+    code gives the same rows with 0 or N workers. Only while the default stopwatch is off (it would record
+    nothing), by lending it ``other``'s state for the fetch. The one place, with :func:`share_state`, where a
+    stopwatch's state is swapped whole: every part of it goes together."""
+    default = stopwatch  # noqa: F821 (set by stepwatch/__init__)
+    if other is default or default.is_enabled():
+        yield
+        return
+    own = default.__dict__
+    default.__dict__ = other.__dict__
+    try:
+        yield
+    finally:
+        default.__dict__ = own
+
+
+def share_state(watcher: Stopwatch) -> None:
+    """In a forked DataLoader worker: the loader's watching stopwatch (the worker's copy of it) records into the
+    worker's default stopwatch, so that blocks on either come back alike."""
+    watcher.__dict__ = stopwatch.__dict__  # noqa: F821 (set by stepwatch/__init__)

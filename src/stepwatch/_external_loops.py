@@ -26,7 +26,7 @@ def rename_phase(sw: Stopwatch, old: str, new: str) -> bool:
     """Files what a phase recorded under another name (auto-instrumentation guessed a loop's kind before it
     ran); only when no loop of it is running and ``new`` holds nothing. The phase under the old name stays,
     empty: threads' stacks stand on its root. Returns whether it was moved."""
-    with sw._lock:
+    with sw.tree.lock:
         phase = sw.tree.phases.get(old)
         taken = sw.tree.phases.get(new)
         running = sw.loops.running(old)
@@ -40,11 +40,11 @@ def set_base_phase(sw: Stopwatch, name: str) -> str:
     """Files what this thread times outside any loop under phase ``name`` (a framework running only an
     evaluation: its hooks before and after the loop belong to that phase, not to ``train``); returns the
     previous base phase, to set it back. Loops started on the thread stay outermost."""
-    stack = sw._thread_stack()
-    with sw._lock:
+    stack = sw.stacks.thread_stack()
+    with sw.tree.lock:
         previous = sw.tree.phase_of_root.get(stack[0][1], DEFAULT_PHASE)
         stack[0] = (None, sw.tree.phase(name).root, 0)
-        sw._local.phase = name
+        sw.stacks.local.phase = name
     return previous
 
 
@@ -68,7 +68,7 @@ class Beats:
     def wait(self) -> None:
         next(self._steps)
         if self._consuming is None:  # the loop's phase is the thread's from its first beat
-            self._consuming = self._sw._consuming_interval()
+            self._consuming = self._sw.workers.consuming_interval()
 
     def go(self) -> None:
         next(self._steps)

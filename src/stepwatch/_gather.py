@@ -24,7 +24,7 @@ from ._job import current_job, rank_info, store_key
 from ._summary import Summary
 
 if TYPE_CHECKING:
-    from ._summary import StageStats
+    from ._figures import StageStats
 
 logger = logging.getLogger("stepwatch")
 

@@ -140,12 +140,13 @@ def iterate(
     open when it closes is not a step, and is dropped. A loop in ``beats`` is advanced in two beats per step by
     a framework's hooks (its fetch starting and ending): the first ``next()`` ends the step and starts the
     wait, yielding :data:`WAITING`; the second ends the wait and starts the next step, yielding None."""
-    clock = sw._clock
-    stack = sw._thread_stack()
-    local = sw._local  # replaced by a switch: then the stack is read again
+    clock = sw.clock
+    stacks = sw.stacks
+    stack = stacks.thread_stack()
+    local = stacks.local  # replaced by a switch: then the stack is read again
     outer = is_outermost(stack)
     own_phase = outer or phase_name is not None
-    previous_phase = sw._local.__dict__.get("phase", DEFAULT_PHASE)
+    previous_phase = stacks.phase_name()
     phase = sw.tree.phase(phase_name or (DEFAULT_PHASE if outer else previous_phase))
     root_frame: Frame | None = None
     wait_frame: Frame | None = None
@@ -172,7 +173,7 @@ def iterate(
                 sw.tree.loader_configs[phase.name] = config
             root_frame = (None, phase.root, 0)
             stack.append(root_frame)
-            sw._local.phase = phase.name
+            stacks.local.phase = phase.name
         parent = stack[-1][1]
         wait_node = parent.children.get(stage) or sw.tree.add_child(parent, stage)
         body_node = parent.children.get(body) or sw.tree.add_child(parent, body)
@@ -187,8 +188,8 @@ def iterate(
             if device is not None:
                 device.before_clock()
             now = clock()
-            if sw._local is not local:
-                local, stack = sw._local, sw._thread_stack()
+            if stacks.local is not local:
+                local, stack = stacks.local, stacks.thread_stack()
             if body_frame is not None:
                 frame, body_frame = body_frame, None
                 if stack[-1] is frame and frame[1] is body_node and device is None and loop_phase is not None:
@@ -198,7 +199,7 @@ def iterate(
                     buf = body_node.buf
                     buf.append(elapsed)
                     if len(buf) >= FOLD:
-                        sw._fold(body_node)
+                        stacks.fold(body_node)
                     loop_phase.loop_ns += elapsed
                     loop_phase.steps += 1
                 elif frame[1] is DROPPED:  # a step that began while not measuring: not a step
@@ -212,15 +213,14 @@ def iterate(
                 device.poll()
             if outer:
                 in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
-                if in_window != sw._in_window:
-                    sw._in_window = in_window
-                    sw._update_flags()
-                elif sw._hot and not sw._measuring:  # a block that spanned the window's end is done?
-                    sw._update_flags()
+                if in_window != stacks.in_window:
+                    stacks.set_window(in_window)
+                elif stacks.hot and not stacks.measuring:  # a block that spanned the window's end is done?
+                    stacks.update_flags()
                 if every and index:
                     sw.periodic.tick(every)  # between two steps: in neither, nor in the loop's time
                     now = clock()
-            if sw._measuring and not driven:  # a driven loop has no batch to wait for: no loader row
+            if stacks.measuring and not driven:  # a driven loop has no batch to wait for: no loader row
                 first = index == 0 and own_phase  # a one-off: workers starting, caches filling
                 wait_frame = (LOOP, first_node if first else wait_node, now)
                 stack.append(wait_frame)
@@ -228,8 +228,8 @@ def iterate(
                 item: Any = (yield WAITING) if beats else next(iterator)
             except StopIteration:
                 if wait_frame is not None:
-                    if sw._local is not local:
-                        local, stack = sw._local, sw._thread_stack()
+                    if stacks.local is not local:
+                        local, stack = stacks.local, stacks.thread_stack()
                     close_frame(sw, stack, wait_frame, None, None)  # the end of the data is not a wait
                     wait_frame = None
                 return
@@ -238,14 +238,14 @@ def iterate(
                 phase.schedule_pos += 1
             index += 1
             starting: bool | None = None  # set when a measured step starts: is it the loop's one-off first step
-            if driven and sw._measuring:  # no wait to close: the step starts at once
-                if sw._local is not local:
-                    local, stack = sw._local, sw._thread_stack()
+            if driven and stacks.measuring:  # no wait to close: the step starts at once
+                if stacks.local is not local:
+                    local, stack = stacks.local, stacks.thread_stack()
                 starting = index == 1 and outer  # an evaluation's first forward (a loop in a step) is no one-off
             elif wait_frame is not None:
                 frame, wait_frame = wait_frame, None
-                if sw._local is not local:
-                    local, stack = sw._local, sw._thread_stack()
+                if stacks.local is not local:
+                    local, stack = stacks.local, stacks.thread_stack()
                 starting = frame[1] is first_node
                 if stack[-1] is frame and not starting and device is None:  # close_frame's common case, inlined
                     del stack[-1]
@@ -253,7 +253,7 @@ def iterate(
                     buf = wait_node.buf
                     buf.append(elapsed)
                     if len(buf) >= FOLD:
-                        sw._fold(wait_node)
+                        stacks.fold(wait_node)
                     if loop_phase is not None:
                         loop_phase.loop_ns += elapsed
                 else:
@@ -270,17 +270,17 @@ def iterate(
                     start, allocated, reserved = device.begin(body, stack[-1])
                     body_frame = [LOOP, node, ready, start, allocated, reserved]
                 stack.append(body_frame)
-            elif own_phase and sw._was_enabled:
+            elif own_phase and stacks.was_enabled:
                 # a step that begins while not measuring: blocks in it (were stepwatch switched on in the middle
                 # of it) are dropped with it, rather than recorded at the phase's top level
-                if sw._local is not local:
-                    local, stack = sw._local, sw._thread_stack()
+                if stacks.local is not local:
+                    local, stack = stacks.local, stacks.thread_stack()
                 body_frame = (LOOP, DROPPED, ready)
                 stack.append(body_frame)
             yield item
     finally:
         end = clock()
-        stack = sw._thread_stack()
+        stack = stacks.thread_stack()
         if wait_frame is not None:  # an exception in next()
             close_frame(sw, stack, wait_frame, end, loop_phase if wait_frame[1] is wait_node else None)
         if body_frame is not None and driven:  # no step ended it: not a step
@@ -299,10 +299,9 @@ def iterate(
             if not outer and phase.name != previous_phase:
                 exclude_from_enclosing(stack, root_frame, end - loop_started)
             pop_frame(stack, root_frame)
-            sw._local.phase = previous_phase
+            stacks.local.phase = previous_phase
         if outer:  # between loops, blocks are measured while the schedule still has steps to measure
-            sw._in_window = sw.schedule.measures(phase.schedule_pos)
-            sw._update_flags()
+            stacks.set_window(sw.schedule.measures(phase.schedule_pos))
         if site in sites:
             sites.remove(site)
         site.frame = None
@@ -383,7 +382,7 @@ def close_frame(
     node = frame[1]
     node.buf.append(elapsed)
     if len(node.buf) >= FOLD:
-        sw._fold(node)
+        sw.stacks.fold(node)
     if len(frame) > 3 and sw.device_timer is not None:
         sw.device_timer.end(frame, stack[-1], node, loop)
     if phase is not None:

@@ -49,7 +49,7 @@ def _timing(current: AutoSession | None) -> bool:
         current is not None
         and not current.busy
         and current.loop_thread == get_ident()
-        and current.sw._measuring is True
+        and current.sw.stacks.measuring is True
     )
 
 
@@ -57,7 +57,12 @@ def wrap_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
         current = session
-        if current is None or current.busy or current.loop_thread != get_ident() or current.sw._measuring is not True:
+        if (
+            current is None
+            or current.busy
+            or current.loop_thread != get_ident()
+            or current.sw.stacks.measuring is not True
+        ):
             return original(module, *args, **kwargs)
         return _timed(current.module_stage(module), original, module, *args, **kwargs)
 
@@ -234,7 +239,7 @@ def wrap_loader_iter(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any]
 
     def __iter__(loader: Any) -> Iterator[Any]:
         current = session
-        if current is None or not current.sw._enabled:
+        if current is None or not current.sw.is_enabled():
             return original(loader)
         return current.loop(loader, original)
 

@@ -1,9 +1,10 @@
 """Recording: the :class:`Stopwatch`, its switch, its counters, and the growth of its stage tree.
 
-Timed blocks live in ``_blocks``, timed iterators in ``_loops``, the data they record in ``_tree``, the
-per-thread stacks and switching in ``_stacks``, summaries and saving in ``_results``, checkpointing in
-``_state``. Switching (``disable``, ``reset``, ``load_state_dict``) never edits another thread's stack; see
-``_stacks``.
+The Stopwatch is the public face and the composition of parts, each owned by its module (see the class's
+docstring): timed blocks live in ``_blocks``, timed iterators in ``_loops``, the data they record in ``_tree``,
+the per-thread stacks and the switch's flags in ``_stacks``, summaries and saving in ``_results``,
+checkpointing in ``_checkpoint``, the DataLoader workers' side in ``_dataloader.reports``. Switching
+(``disable``, ``reset``, ``load_state_dict``) never edits another thread's stack; see ``_stacks``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import math
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,13 +25,13 @@ from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
 from ._loops import OpenLoops, iterate
 from ._periodic import PeriodicCalls
-from ._results import Results
+from ._results import Results, save_run
 from ._run_span import RunSpan
 from ._schedule import Schedule, as_count, check_steps, check_window, out_path
 from ._stacks import ThreadStacks
 from ._stats import DEFAULT_WINDOW
-from ._trace import LOOSE_EVENTS, MAX_TRACE_STEPS, Trace
-from ._tree import DROPPED, Frame, Node, StageTree, fold
+from ._trace import MAX_TRACE_STEPS, Trace
+from ._tree import DROPPED, StageTree
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
@@ -50,7 +50,7 @@ class AutoHooks:
     end_evaluation: Callable[[], bool] | None = None
 
 
-class Stopwatch(Results, ThreadStacks, WorkerSide):
+class Stopwatch(Results):
     """Records where a training loop's time goes.
 
     Args:
@@ -74,14 +74,18 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
     Off until :meth:`enable` is called. The module-level functions of ``stepwatch`` use one default instance;
     separate instances are independent.
 
-    Parts of the recording, each owned by its module, not API: ``periodic``
+    Parts of the recording, each owned by its module, not API: ``stacks``
+    (:class:`~stepwatch._stacks.ThreadStacks`), each thread's stack of open frames and the switch's flags;
+    ``tree`` (:class:`~stepwatch._tree.StageTree`), the recorded stages of every phase, and the lock;
+    ``schedule`` (:class:`~stepwatch._schedule.Schedule`), warm-up and the measured window; ``periodic``
     (:class:`~stepwatch._periodic.PeriodicCalls`), what runs every N training steps; ``span``
     (:class:`~stepwatch._run_span.RunSpan`), when the run started and how long it ran, across resumes;
-    ``tree`` (:class:`~stepwatch._tree.StageTree`), the recorded stages of every phase; ``device_timer``
-    (:class:`~stepwatch._device.DeviceTimer`, with a device), the device's events and peak memory;
-    ``timeline`` (:class:`~stepwatch._trace.Trace`, with ``trace_steps``), the recent steps' block events;
-    ``loops`` (:class:`~stepwatch._loops.OpenLoops`), the timed iterators open on each thread; ``auto_hooks``
-    (:class:`AutoHooks`), what auto-instrumentation plugs in.
+    ``device_timer`` (:class:`~stepwatch._device.DeviceTimer`, with a device), the device's events and peak
+    memory; ``timeline`` (:class:`~stepwatch._trace.Trace`, with ``trace_steps``), the recent steps' block
+    events; ``loops`` (:class:`~stepwatch._loops.OpenLoops`), the timed iterators open on each thread;
+    ``workers`` (:class:`~stepwatch._dataloader.reports.WorkerSide`), the DataLoader workers' side;
+    ``auto_hooks`` (:class:`AutoHooks`), what auto-instrumentation plugs in. The settings given are kept as
+    ``device``, ``sync``, ``nvtx``, ``memory``, ``window`` and ``clock``.
     """
 
     def __init__(
@@ -103,40 +107,31 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
             raise ValueError("sync and nvtx need a device, e.g. Stopwatch(device='cuda', sync=True)")
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning nanoseconds, got {clock!r}")
-        self._device_spec = device
         if memory not in ("step", "stage"):
             raise ValueError(f"memory must be 'step' (peak per step) or 'stage' (per stage too), got {memory!r}")
+        self.device = device  # as given (None: no device timing); opened as device_timer when enabled
         self.memory = memory
         self.sync = bool(sync)
         self.nvtx = bool(nvtx)
-        self.device_timer: DeviceTimer | None = None
         self.window = check_window(window)
-        self.timeline: Trace | None = None
-        if trace_steps is not None:
-            self._keep_trace(trace_steps)
-        self._clock = clock
-        self._lock = threading.RLock()
-        self._count_lock = threading.Lock()
-        self._blocks = Blocks(self)
-        self._enabled = False
-        self._in_window = True
-        self._measuring: bool | int = False
-        self._hot = False
-        self._was_enabled = False
+        self.clock = clock
         self.out: str | None = None
-        self.periodic = PeriodicCalls()  # what runs every N training steps (log_every, gather_every)
+        self.tree = StageTree(self.window)
+        self._phases = self.tree.phases  # a handle for count()'s hot path (the tree's own dict, never rebound)
+        self.span = RunSpan(clock)
+        self.auto_hooks = AutoHooks()
+        self.stacks = ThreadStacks(self.tree, self.span, self.auto_hooks)
+        self.periodic = PeriodicCalls()
+        self.loops = OpenLoops()
+        self.workers = WorkerSide(self, self._set_timeline)
+        self.device_timer: DeviceTimer | None = None
+        self.timeline: Trace | None = None
+        self._blocks = Blocks(self)
         self._gathers = 0  # gather_every's saves so far, naming each gather
         self._stop_gathering: Callable[[], None] | None = None
-        self.auto_hooks = AutoHooks()  # what auto-instrumentation plugs in, when it runs
-        self.tree = StageTree(self.window, self._lock)  # the recorded stages of every phase
-        self._phases = self.tree.phases  # a handle for count()'s hot path (the tree's own dict)
-        self._stacks: dict[int, list[Frame]] = {}  # thread id -> its stack
-        self._before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
-        self._local = threading.local()
-        self.loops = OpenLoops()  # the timed iterators open on each thread
-        self._worker_nodes: dict[tuple[Node, str], Node] = {}  # (loader node, worker path) -> node
         self._counter_warned = False
-        self.span = RunSpan(clock)  # when the run started, how long it ran, across resumes
+        if trace_steps is not None:
+            self._keep_trace(trace_steps)
         self._clear_run()
 
     # -- switching ---------------------------------------------------------------------------------------
@@ -149,13 +144,15 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         active: int | None = None,
         every: int | None = None,
         gather_every: int | None = None,
+        trace_steps: int | None = None,
     ) -> None:
         """Start recording. With ``out``, the run is also saved there at exit, on an uncaught exception and
         on SIGTERM/SIGINT (a relative path is resolved now, not at exit); in a job of several ranks, at exit
         each rank writes its own file and rank 0 also gathers every rank's summary into the all-ranks file
         at ``out``. ``gather_every``: also save so, ranks gathered, every that many steps of the training loop
         (a job killed later keeps them). ``warmup``, ``active`` and ``every``, when given, replace those parts
-        of the schedule (see :class:`Stopwatch`); the parts not given stay."""
+        of the schedule, and ``trace_steps`` the timeline kept (see :class:`Stopwatch`); the parts not given
+        stay."""
         schedule = self.schedule
         if warmup is not None or active is not None or every is not None:
             check_steps(warmup, "warmup", optional=True)
@@ -169,7 +166,10 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
             check_steps(gather_every, "gather_every", optional=False)
             if gather_every < 1 or path is None:
                 raise ValueError(f"gather_every needs out= and a positive number of steps, got {gather_every!r}")
-        with self._lock:
+        if trace_steps is not None:
+            self._keep_trace(trace_steps)
+        stacks = self.stacks
+        with self.tree.lock:
             if self._stop_gathering is not None:
                 self._stop_gathering()
                 self._stop_gathering = None
@@ -178,9 +178,9 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
             self.schedule = schedule
             self._open_device()
             self.span.start()
-            self._enabled = True
-            self._was_enabled = True
-            self._update_flags()
+            stacks.enabled = True
+            stacks.was_enabled = True
+            stacks.update_flags()
         if path is not None:
             from ._save_at_exit import install
 
@@ -206,7 +206,7 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
             return
         self._gathers += 1
         try:
-            self._save_run(self.out, gather=True, tag=f"{self.out}#{self._gathers}", among=self.out)
+            save_run(self, self.out, gather=True, tag=f"{self.out}#{self._gathers}", among=self.out)
         except Exception as error:
             logger.error("stepwatch: could not save the run to %s during the run: %s", self.out, error)
 
@@ -215,73 +215,76 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         check_steps(steps, "trace_steps", optional=False)
         if not 1 <= steps <= MAX_TRACE_STEPS:
             raise ValueError(f"trace_steps must be from 1 to {MAX_TRACE_STEPS:,}, got {steps}")
-        self.timeline = Trace(steps)
-        device = getattr(self, "device_timer", None)
-        if device is not None:
-            device.trace = self.timeline
-        if hasattr(self, "_blocks"):
-            self._blocks.clear()  # made again, traced
+        self._set_timeline(Trace(steps))
+
+    def _set_timeline(self, timeline: Trace | None) -> None:
+        """The one place the timeline is replaced: the parts that add to it see the new one, and the blocks are
+        made again, traced or not."""
+        self.timeline = self.stacks.timeline = timeline
+        if self.device_timer is not None:
+            self.device_timer.trace = timeline
+        self._blocks.clear()
 
     def _open_device(self) -> None:
-        if self.device_timer is None and self._device_spec is not None:
+        if self.device_timer is None and self.device is not None:
             from ._device import make_backend
 
             self.device_timer = DeviceTimer(
-                make_backend(self._device_spec),
+                make_backend(self.device),
                 sync=self.sync,
                 nvtx=self.nvtx,
-                fold=self._fold,
+                fold=self.stacks.fold,
                 stage_memory=self.memory == "stage",
-                clock=self._clock,
+                clock=self.clock,
             )
             self.device_timer.trace = self.timeline
 
-    def _use_device(self, device: Any) -> None:
-        """Time on ``device`` from now on (auto-instrumentation finds the model's device after the start):
-        blocks made from now are device blocks; loops started from now time the device."""
-        with self._lock:
-            if self._device_spec is not None:
+    def use_device(self, device: Any) -> None:
+        """Time on ``device`` from now on, as ``Stopwatch(device=...)`` does, when this stopwatch was made
+        without one (auto-instrumentation calls it once it finds the model's device): blocks made from now are
+        device blocks; loops started from now time the device. A device cannot be changed once given."""
+        with self.tree.lock:
+            if self.device is not None:
                 return
-            self._device_spec = device
+            self.device = device
             try:
-                if self._enabled:
+                if self.stacks.enabled:
                     self._open_device()
             except BaseException:
-                self._device_spec = None  # the device cannot be opened: nothing changes
+                self.device = None  # the device cannot be opened: nothing changes
                 raise
             self._blocks.clear()
 
     def disable(self) -> None:
         """Stop recording. What was recorded is kept; blocks still open are dropped, not half-counted."""
-        with self._lock:
-            self._enabled = False
-            self._drop_open_frames()
-            self._update_flags()
+        with self.tree.lock:
+            self.stacks.enabled = False
+            self.stacks.drop_open_frames()
+            self.stacks.update_flags()
 
     def is_enabled(self) -> bool:
-        return self._enabled
+        return self.stacks.enabled
 
     def reset(self) -> None:
         """Forget everything recorded; the switch, the schedule and the autosave path stay. Inside a running
         loop, the step under way is dropped and the following ones are recorded as usual."""
-        with self._lock:
-            self._drop_open_frames()
+        with self.tree.lock:
+            self.stacks.drop_open_frames()
             for phase in self.tree.phases.values():
                 phase.clear()
             self._clear_run()
             found = getattr(self.auto_hooks.describe, "__self__", None)
             if found is not None and not getattr(found, "active", True):  # auto-instrumentation has ended
                 self.auto_hooks.describe = None
-            if self._enabled:
+            if self.stacks.enabled:
                 self.span.restart()
 
     def _clear_run(self) -> None:
         self.span.clear()
-        self._in_window = True
-        self._worker_nodes.clear()  # the nodes' "ran in workers" marks are cleared: found again from reports
+        self.workers.nodes.clear()  # the nodes' "ran in workers" marks are cleared: found again from reports
         if self.timeline is not None:
             self.timeline.clear()
-        self._update_flags()
+        self.stacks.set_window(True)
 
     # -- recording ---------------------------------------------------------------------------------------
 
@@ -307,7 +310,7 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         the plain iterator and costs nothing.
         """
         check_loop_names(stage, body, phase)
-        if not self._enabled:
+        if not self.stacks.enabled:
             return iter(iterable)
         return iterate(self, iterable, stage, body, phase)
 
@@ -342,13 +345,14 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
             if type(value) is not int and not (type(value) is float and math.isfinite(value)):
                 units = {unit: as_count(unit, value) for unit, value in units.items()}
                 break
-        if not self._measuring:
+        stacks = self.stacks
+        if not stacks.measuring:
             return
-        local = self._local.__dict__  # no AttributeError raised
+        local = stacks.local.__dict__  # no AttributeError raised
         stack = local.get("stack")
         if stack is None:  # a fresh thread-local after a switch: the stack knows the phase
-            stack = self._thread_stack()
-            local = self._local.__dict__
+            stack = stacks.thread_stack()
+            local = stacks.local.__dict__
         if stack[-1][1] is DROPPED:  # inside a step dropped by a switch: its time is not counted either
             return
         name = local.get("phase", DEFAULT_PHASE)
@@ -356,7 +360,7 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
         if phase.in_first_step:  # the one-off first step: its time is apart, so are its counts
             return
         counters = phase.counters
-        with self._count_lock:
+        with self.tree.count_lock:
             for unit, value in units.items():
                 try:
                     total = counters.get(unit, 0) + value
@@ -366,27 +370,6 @@ class Stopwatch(Results, ThreadStacks, WorkerSide):
                     total = COUNTER_LIMIT if total > 0 else -COUNTER_LIMIT
                     self._warn_counter(unit)
                 counters[unit] = total
-
-    # -- workers -----------------------------------------------------------------------------------------
-
-    def _consuming_interval(self) -> list[int]:
-        """A watch() loop starts consuming its loader now, in the current thread's phase: [start, end]."""
-        self._thread_stack()
-        phase = self.tree.phase(self._local.__dict__.get("phase", DEFAULT_PHASE))
-        interval = [time.perf_counter_ns(), 0]
-        phase.consuming.append(interval)
-        return interval
-
-    # -- the tree ----------------------------------------------------------------------------------------
-
-    def _fold(self, node: Node) -> None:
-        trace = self.timeline
-        if trace is not None and len(trace.events) > 4 * LOOSE_EVENTS:  # blocks with no step: bounded all the same
-            del trace.events[: 2 * LOOSE_EVENTS]  # the older half (4 items an event)
-        with self._lock:
-            fold(node)
-            if node is DROPPED and self._measuring is False:
-                self._update_flags()  # the last dropped block may have closed
 
     def _warn_counter(self, unit: str) -> None:
         if not self._counter_warned:

@@ -95,13 +95,12 @@ def main(arguments: Sequence[str]) -> int:
 
     target = args.module if args.module is not None else program[0]
     try:
-        if args.trace_steps is not None:
-            _default._keep_trace(args.trace_steps)
         _default.enable(
             out=args.out if args.out is not None else run_file(target, module=args.module is not None),
             warmup=args.warmup,
             active=args.active,
             every=args.every,
+            trace_steps=args.trace_steps,
         )
         auto(val_phase=args.val_phase, device=args.device)
     except (ValueError, OSError) as error:

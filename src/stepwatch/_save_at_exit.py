@@ -18,6 +18,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._job import in_job
+from ._results import save_run
 
 if TYPE_CHECKING:
     from ._all_ranks import AllRanks
@@ -110,8 +111,8 @@ def save_all(reason: str, final: bool = True, gather: bool = True) -> None:
             continue
         try:
             # at the end, each rank of a job also sends its summary to rank 0, which writes the all-ranks file
-            _, gathered[id(stopwatch)] = stopwatch._save_run(
-                stopwatch.out, gather=gather, tag=f"{stopwatch.out}#end", among=stopwatch.out
+            _, gathered[id(stopwatch)] = save_run(
+                stopwatch, stopwatch.out, gather=gather, tag=f"{stopwatch.out}#end", among=stopwatch.out
             )
         except Exception as error:  # a failing save must not hide the program's own outcome
             logger.error("stepwatch: could not save the run to %s at %s: %s", stopwatch.out, reason, error)

@@ -1,4 +1,5 @@
-"""Per-thread stacks of open frames, and switching without touching another thread's stack.
+"""Per-thread stacks of open frames, the switch's flags that blocks read, and switching without touching
+another thread's stack.
 
 ``disable()``, ``reset()`` and ``load_state_dict()`` never edit the stack of another thread (which may be
 pushing onto it at that moment): they replace the thread-local that holds the stacks, and each thread, the next
@@ -13,52 +14,72 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ._constants import DEFAULT_PHASE
-from ._tree import DROPPED, LOOP, Frame, Phase, StageTree, dropped_copy
+from ._tree import DROPPED, LOOP, Frame, Node, StageTree, dropped_copy, fold
 
 if TYPE_CHECKING:
     from ._blocks import Block
     from ._recorder import AutoHooks
     from ._run_span import RunSpan
+    from ._trace import Trace
 
 DROPPING = 0
-"""The value of ``Stopwatch._measuring`` when switched off after having been on (see ``_update_flags``)."""
+"""The value of :attr:`ThreadStacks.measuring` when switched off after having been on (see ``update_flags``)."""
 
 
 class ThreadStacks:
-    """The part of :class:`~stepwatch.Stopwatch` that keeps each thread's stack and the flags blocks read."""
+    """Each thread's stack of open frames and the switch's flags, for one :class:`~stepwatch.Stopwatch`.
 
-    _lock: threading.RLock
-    _local: threading.local
-    _stacks: dict[int, list[Frame]]  # thread id -> its stack
-    _before_switch: dict[int, list[Frame]]  # thread id -> its stack before the last switch
-    _enabled: bool
-    _was_enabled: bool
-    _in_window: bool
-    _measuring: bool | int
-    _hot: bool
-    span: RunSpan
-    tree: StageTree
-    auto_hooks: AutoHooks
+    Hot-path handles, read directly by blocks, timed iterators and the workers' side (never written outside
+    this class, except the thread-local's contents): ``local``, the thread-local holding this thread's
+    ``stack`` and ``phase`` (replaced by a switch, so readers read it again, never keep it); ``measuring`` and
+    ``hot`` (see :meth:`update_flags`). The switch itself: ``enabled``, ``was_enabled`` (ever on), and
+    ``in_window`` (the schedule's measured window is open, set by the outermost loop through
+    :meth:`set_window`). The lock is the stage tree's (``tree.lock``): the two change together.
+    """
 
-    def _phase(self, name: str) -> Phase:
-        raise NotImplementedError
+    def __init__(self, tree: StageTree, span: RunSpan, auto_hooks: AutoHooks) -> None:
+        self.tree = tree
+        self.span = span  # counts the blocks dropped by unwinding
+        self.auto_hooks = auto_hooks  # ends auto-instrumentation's evaluation loop when unwinding
+        self.timeline: Trace | None = None  # the recorder's, bounded when a stage folds
+        self.local = threading.local()
+        self.by_thread: dict[int, list[Frame]] = {}  # thread id -> its stack
+        self.before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
+        self.enabled = False
+        self.was_enabled = False
+        self.in_window = True
+        self.measuring: bool | int = False
+        self.hot = False
 
-    def _drop_open_frames(self) -> None:
+    def start_afresh(self) -> None:
+        """In a forked DataLoader worker: no thread's stack survives the fork, and the switch is off."""
+        self.by_thread = {}
+        self.before_switch = {}
+        self.local = threading.local()
+        self.enabled = False
+        self.in_window = True
+
+    def phase_name(self) -> str:
+        """The phase this thread records into."""
+        name: str = self.local.__dict__.get("phase", DEFAULT_PHASE)
+        return name
+
+    def drop_open_frames(self) -> None:
         """Hands every thread a fresh stack (under the lock); see the module's docstring."""
         # every stack, even one with nothing open: its thread may be pushing onto it right now
-        self._before_switch.update(self._stacks)
-        self._stacks = {}
-        self._local = threading.local()
+        self.before_switch.update(self.by_thread)
+        self.by_thread = {}
+        self.local = threading.local()
 
-    def _thread_stack(self) -> list[Frame]:
+    def thread_stack(self) -> list[Frame]:
         """This thread's stack of open frames, made on first use (and after a switch)."""
-        local = self._local
+        local = self.local
         stack: list[Frame] | None = local.__dict__.get("stack")
         if stack is None:
-            with self._lock:
-                local = self._local
+            with self.tree.lock:
+                local = self.local
                 ident = threading.get_ident()
-                before = self._before_switch.pop(ident, None)
+                before = self.before_switch.pop(ident, None)
                 if before is None:
                     stack = [(None, self.tree.phase(DEFAULT_PHASE).root, 0)]
                 else:
@@ -67,41 +88,55 @@ class ThreadStacks:
                     if roots and roots[-1] is not None:
                         local.phase = roots[-1]
                 local.stack = stack
-                self._stacks[ident] = stack
+                self.by_thread[ident] = stack
         return stack
 
-    def _update_flags(self) -> None:
-        """``_measuring``: True, blocks open frames; :data:`DROPPING` (switched off after having been on),
+    def set_window(self, in_window: bool) -> None:
+        """The schedule's measured window opened or closed."""
+        self.in_window = in_window
+        self.update_flags()
+
+    def update_flags(self) -> None:
+        """``measuring``: True, blocks open frames; :data:`DROPPING` (switched off after having been on),
         blocks open dropped frames, so that their children never show as top-level rows if it is switched on
         again while they are open; False (never on, or outside the measured window), blocks do nothing.
-        DROPPING is falsy but not False: a block that reads ``_measuring`` twice while another thread switches
-        it on sees True or DROPPING the second time, never False, so it always leaves a frame. ``_hot``: blocks
+        DROPPING is falsy but not False: a block that reads ``measuring`` twice while another thread switches
+        it on sees True or DROPPING the second time, never False, so it always leaves a frame. ``hot``: blocks
         look for their frame on the way out, needed while a block opened in the window (or dropped) is still
         open; otherwise leaving a block costs what it costs when the stopwatch has never been on."""
-        if self._enabled:
-            self._measuring = self._in_window
+        if self.enabled:
+            self.measuring = self.in_window
         else:
-            self._measuring = DROPPING if self._was_enabled else False
-        self._hot = self._measuring is not False or self._blocks_open()
+            self.measuring = DROPPING if self.was_enabled else False
+        self.hot = self.measuring is not False or self.blocks_open()
 
-    def _blocks_open(self) -> bool:
+    def blocks_open(self) -> bool:
         """Whether any thread has a timed block open (checked only when the measured window closes)."""
-        if self._before_switch:
+        if self.before_switch:
             alive = {thread.ident for thread in threading.enumerate()}
-            for ident in [ident for ident in self._before_switch if ident not in alive]:
-                del self._before_switch[ident]
-        stacks = [*self._stacks.values(), *self._before_switch.values()]
+            for ident in [ident for ident in self.before_switch if ident not in alive]:
+                del self.before_switch[ident]
+        stacks = [*self.by_thread.values(), *self.before_switch.values()]
         return any(frame[0] is not None and frame[0] is not LOOP for stack in stacks for frame in stack)
 
-    def _track(self, block: Block) -> None:
-        """Switched off after having been on: the block opens a dropped frame (see :meth:`_update_flags`)."""
+    def fold(self, node: Node) -> None:
+        """A stage's buffer of recent measurements is full: fold it into the totals (under the lock)."""
+        if self.timeline is not None:  # blocks with no step: bounded all the same
+            self.timeline.bound_loose()
+        with self.tree.lock:
+            fold(node)
+            if node is DROPPED and self.measuring is False:
+                self.update_flags()  # the last dropped block may have closed
+
+    def track(self, block: Block) -> None:
+        """Switched off after having been on: the block opens a dropped frame (see :meth:`update_flags`)."""
         try:
-            stack = self._local.stack
+            stack = self.local.stack
         except AttributeError:
-            stack = self._thread_stack()
+            stack = self.thread_stack()
         stack.append((block, DROPPED, 0))
 
-    def _unwind(self, stack: list[Any], owner: Block) -> None:
+    def unwind(self, stack: list[Any], owner: Block) -> None:
         """A block's frame is not on top of its stack on the way out: if it is further down, the frames above
         it were opened while it was open but outlive it (asyncio tasks interleaving on one thread). Their
         nesting is wrong, so the block's measurement and theirs are dropped and counted in the summary; the
@@ -111,7 +146,7 @@ class ThreadStacks:
         if end_segment is not None and end_segment() and stack[-1][0] is owner:
             owner.__exit__(None, None, None)
             return
-        with self._lock:
+        with self.tree.lock:
             for position in range(len(stack) - 1, 0, -1):
                 if stack[position][0] is owner:
                     break
@@ -120,5 +155,5 @@ class ThreadStacks:
             above = stack[position + 1 :]
             self.span.dropped_blocks += sum(1 for frame in [stack[position], *above] if frame[1] is not DROPPED)
             stack[position:] = [dropped_copy(frame) for frame in above]
-            if not self._measuring:
-                self._update_flags()
+            if not self.measuring:
+                self.update_flags()

@@ -72,6 +72,11 @@ class Trace:
         for path, start, end in events:
             self.events += (f"{under}/{path}", start, end, lane)
 
+    def bound_loose(self) -> None:
+        """Events that wait for a step past ``4 * LOOSE_EVENTS`` (blocks with no loop): the older half goes."""
+        if len(self.events) > 4 * LOOSE_EVENTS:
+            del self.events[: 2 * LOOSE_EVENTS]  # 4 items an event
+
     def clear(self) -> None:
         self.kept.clear()
         self.events = []

@@ -17,8 +17,8 @@ from typing import Any
 
 from ._constants import DEFAULT_PHASE, FOLD, MAX_STAGES, OVERFLOW
 from ._dataloader.in_workers import WorkerReport
+from ._figures import StageStats, WorkerStats
 from ._stats import Partial, RunningStats, partial_of
-from ._summary import StageStats, WorkerStats
 
 LOOP = object()
 """Owner of a timed iterator's wait or body frame."""
@@ -161,17 +161,27 @@ class StageTree:
     """The recorded stages of every phase, owned by one :class:`~stepwatch.Stopwatch`: the phases by name,
     which root is which phase, and the count of stages against :data:`MAX_STAGES` (past it, new names go to
     the parent's overflow row, warned about once). ``phases`` is only ever mutated, never rebound: the recorder
-    keeps it as a handle for ``count()``'s hot path."""
+    keeps it as a handle for ``count()``'s hot path. ``lock`` guards the tree and the threads' stacks;
+    ``count_lock``, the phases' counters."""
 
-    def __init__(self, window: int, lock: threading.RLock) -> None:
+    def __init__(self, window: int) -> None:
         self.window = window
-        self.lock = lock  # the recorder's, replaced with it in a forked DataLoader worker
+        self.lock = threading.RLock()
+        self.count_lock = threading.Lock()
         self.phases: dict[str, Phase] = {}
         self.phase_of_root: dict[Node, str] = {}
         self.node_count = 0
         self.overflow_warned = False
         self.loader_configs: dict[str, dict[str, Any]] = {}  # phase -> its DataLoader's configuration (advice)
         self.looped: dict[str, None] = {}  # the phases that ran an outermost loop, in order
+
+    def start_afresh(self) -> None:
+        """In a forked DataLoader worker: new locks (a parent's thread may have held them at the fork), and no
+        phase keeps what the parent recorded."""
+        self.lock = threading.RLock()
+        self.count_lock = threading.Lock()
+        for phase in self.phases.values():
+            phase.clear()
 
     def is_main(self, phase: str) -> bool:
         """Notes that ``phase`` runs an outermost loop; whether it is the run's main phase, the one warm-up

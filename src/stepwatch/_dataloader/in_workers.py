@@ -12,7 +12,6 @@ With ``num_workers=0`` everything runs in the main process and is recorded direc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -103,24 +102,6 @@ class _WorkerState:
 _state = _WorkerState()
 
 
-@contextlib.contextmanager
-def _lending_default(stopwatch: Stopwatch) -> Iterator[None]:
-    """In the main process, while ``stopwatch`` (not the default one) fetches a batch: blocks on the default
-    stopwatch (``stepwatch.timed``, ``timed_transform``) record into ``stopwatch``, as they do in workers, so the
-    same dataset code gives the same rows with 0 or N workers. Only while the default stopwatch is off (it
-    would record nothing), by lending it ``stopwatch``'s state for the fetch."""
-    default = _default_stopwatch()
-    if stopwatch is default or default._enabled:
-        yield
-        return
-    own = default.__dict__
-    default.__dict__ = stopwatch.__dict__
-    try:
-        yield
-    finally:
-        default.__dict__ = own
-
-
 def _default_stopwatch() -> Stopwatch:
     return _default_instance.stopwatch
 
@@ -147,7 +128,7 @@ class TimedCollate:
             if not self.watching:
                 return self.collate_fn(samples)
             stopwatch = self._stopwatch or _default_stopwatch()
-            with _lending_default(stopwatch), stopwatch.timed("collate"):
+            with _default_instance.lent_to(stopwatch), stopwatch.timed("collate"):
                 return self.collate_fn(samples)
         stopwatch = _default_stopwatch()
         if _state.fetch_started_ns is None:
@@ -161,7 +142,7 @@ class TimedCollate:
         queued = queued_now - queued_before if queued_before >= 0 and queued_now >= 0 else -1
         busy = ready - cast(int, start)
         _state.fetch_started_ns = None
-        taken = stopwatch._take()
+        taken = stopwatch.workers.take()
         report: WorkerReport = (_state.worker_id, _state.pid, _state.started_ns, busy, ready, taken, cpu, queued)
         if stopwatch.timeline is not None:  # the timeline is kept: the batch's events ride along
             report = (*report, stopwatch.timeline.take_worker_events())
@@ -190,11 +171,11 @@ class TimedGetItems:
         if _state.active:
             stopwatch = _default_stopwatch()
             if _state.fetch_started_ns is not None:  # the previous batch failed before its collate: its
-                stopwatch._take()  # measurements never reached the loop, so they must not ride on this batch
+                stopwatch.workers.take()  # measurements never reached the loop, so they must not ride on this batch
             _state.fetch_started()
             return self._fetch(stopwatch, indices)
         stopwatch = self._stopwatch or _default_stopwatch()
-        with _lending_default(stopwatch):
+        with _default_instance.lent_to(stopwatch):
             return self._fetch(stopwatch, indices)
 
     def _fetch(self, stopwatch: Stopwatch, indices: Any) -> Any:
@@ -205,19 +186,20 @@ class TimedGetItems:
         dataset = self.dataset
         samples: list[Any] = []
         append = samples.append
-        if stopwatch._measuring is not True or stopwatch.device_timer is not None or stopwatch.timeline is not None:
+        stacks = stopwatch.stacks
+        if stacks.measuring is not True or stopwatch.device_timer is not None or stopwatch.timeline is not None:
             for index in indices:
                 with block:
                     append(dataset[index])
             return samples
         # the block's work, inlined: a sample read by the training process itself (no workers) is often a
         # microsecond, and every one of them is on the training thread's clock
-        local = stopwatch._local
-        stack = stopwatch._thread_stack()
+        local = stacks.local
+        stack = stacks.thread_stack()
         parent = stack[-1][1]
         node = parent.children.get("dataset") or stopwatch.tree.add_child(parent, "dataset")
         buf = node.buf
-        clock = stopwatch._clock
+        clock = stopwatch.clock
         for position, index in enumerate(indices, 1):
             start = clock()
             frame = (block, node, start)
@@ -229,15 +211,15 @@ class TimedGetItems:
                 if stack[-1] is frame:
                     del stack[-1]
                     buf.append(end - start)
-                elif stopwatch._local is local and stopwatch._hot:
-                    stopwatch._unwind(stack, block)  # blocks left open inside the read: as Block does
-            if stopwatch._local is not local or stopwatch._measuring is not True:  # switched inside the read
+                elif stacks.local is local and stacks.hot:
+                    stacks.unwind(stack, block)  # blocks left open inside the read: as Block does
+            if stacks.local is not local or stacks.measuring is not True:  # switched inside the read
                 for rest in list(indices)[position:]:
                     with block:
                         append(dataset[rest])
                 break
         if len(buf) >= FOLD:
-            stopwatch._fold(node)
+            stacks.fold(node)
         return samples
 
 
@@ -335,9 +317,9 @@ class WorkerInit:
         from torch.utils.data import get_worker_info
 
         stopwatch = _default_stopwatch()
-        stopwatch._start_in_worker(self.trace)
+        stopwatch.workers.start(self.trace)
         if self.watcher is not None and self.watcher is not stopwatch:
-            self.watcher.__dict__ = stopwatch.__dict__  # the worker's own copy of it, in this process only
+            _default_instance.share_state(self.watcher)  # the worker's own copy of it, in this process only
         if self.worker_init_fn is not None:  # start-up: its own row (worker_init [w]), never idle time
             with stopwatch.timed("worker_init"):
                 self.worker_init_fn(worker_id)

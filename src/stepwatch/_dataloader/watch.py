@@ -158,13 +158,13 @@ class WatchedLoader(Generic[T]):
             for loader in self.loaders
             if loader.num_workers == 0
         ]
-        receive = self.stopwatch._receive_worker_report
+        receive = self.stopwatch.workers.receive
         several = len(self._parts) > 1
         for index, (unwrapping, collate, _) in enumerate(self._parts):
             # workers of different loaders stay apart: loader k's worker w is worker k * 1000 + w
             unwrapping.receiver = functools.partial(receive, offset=index * LOADER_STRIDE) if several else receive
             collate.watching = True
-        consuming = self.stopwatch._consuming_interval()  # the workers' utilization counts only this time
+        consuming = self.stopwatch.workers.consuming_interval()  # the workers' utilization counts only this time
         try:
             yield from self.iterable
         finally:
@@ -187,7 +187,7 @@ def instrument_always(loader: Any, stopwatch: Stopwatch) -> None:
     at that moment, the framework's fetch), its collate is timed, and so are its samples read in the main
     process. Undone by :func:`uninstrument`."""
     unwrapping, collate, init = _instrument(loader, stopwatch)
-    unwrapping.receiver = stopwatch._receive_worker_report
+    unwrapping.receiver = stopwatch.workers.receive
     collate.watching = collate.enabled = init.enabled = True
     if loader.num_workers == 0:
         install_dataset_timing(loader.dataset, stopwatch)

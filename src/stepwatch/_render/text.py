@@ -11,8 +11,9 @@ from .._analysis import analyze
 
 if TYPE_CHECKING:
     from .._analysis import Comparison, Verdict
+    from .._figures import StageStats
     from .._ranks import RanksComparison, RanksReport
-    from .._summary import PhaseSummary, StageStats, Summary
+    from .._summary import PhaseSummary, Summary
 
 MS = 1e3
 

@@ -40,12 +40,12 @@ def safe(name: str) -> str:
 
 def record(stopwatch: Any, name: str, elapsed_ns: int) -> None:
     """One measurement under the block open now on this thread, as a block of its own would record it."""
-    if stopwatch._measuring is not True:
+    if stopwatch.stacks.measuring is not True:
         return
-    parent = stopwatch._thread_stack()[-1][1]
+    parent = stopwatch.stacks.thread_stack()[-1][1]
     if parent is DROPPED:
         return
     node = parent.children.get(name) or stopwatch.tree.add_child(parent, name)
     node.buf.append(elapsed_ns)
     if len(node.buf) >= FOLD:
-        stopwatch._fold(node)
+        stopwatch.stacks.fold(node)

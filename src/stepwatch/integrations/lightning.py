@@ -37,6 +37,7 @@ from .._dataloader.watch import instrument_always, uninstrument
 from .._external_loops import Beats, set_base_phase
 from .._job import in_job
 from .._patches import Patches
+from .._results import save_run
 from .._summary import Summary
 from ._lightning_actions import GROUPS, PREDICT, STAGES, TEST, TRANSPARENT, parse, record, safe
 
@@ -109,9 +110,9 @@ class StepwatchProfiler(Profiler):
             self._new_run()
         self._runs += 1
         self._watch_for_failure()
-        if not self._patches._replaced:
-            import torch
+        import torch
 
+        if not self._patches.patched(torch.utils.data.DataLoader, "__iter__"):
             self._patches.replace(torch.utils.data.DataLoader, "__iter__", self._wrap_loader_iter)
         if not _default.is_enabled():
             self._schedule_before = _default.schedule
@@ -373,7 +374,7 @@ class StepwatchProfiler(Profiler):
             self.out = self.out or out
         if self._summary.phases or (in_job() and not crashed):  # every rank of a job takes part in the gather
             os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-            self._written, self._gathered = _default._save_run(out, gather=not crashed)
+            self._written, self._gathered = save_run(_default, out, gather=not crashed)
         if self._enabled_here:
             _default.disable()
             _default.schedule = self._schedule_before  # the default stopwatch as it was

@@ -39,6 +39,7 @@ from .._dataloader.find import inner_loader, loader_config
 from .._dataloader.watch import instrument_always, uninstrument
 from .._external_loops import Beats
 from .._job import is_rank_zero
+from .._results import save_run
 from .._summary import Summary
 
 _ATTACHED = "_stepwatch_attachment"
@@ -195,7 +196,7 @@ class Attachment:
             out = self.out or os.path.join(self.trainer.args.output_dir or os.getcwd(), "stepwatch.json")
             os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
             # in a job of several ranks, rank 0 gathers, unless this rank failed (the others may still train)
-            written, gathered = _default._save_run(out, gather=not crashed)
+            written, gathered = save_run(_default, out, gather=not crashed)
             self.out = out
             if is_rank_zero():
                 sys.stderr.write(end_report(_default.report(), written, gathered, out))
