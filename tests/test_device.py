@@ -301,3 +301,21 @@ def test_a_loop_of_long_kernels_is_compute_bound_on_a_realtime_stream() -> None:
     verdict = summary.verdict
     assert verdict.kind == "compute-bound", verdict.headline
     assert verdict.figures["caught_up_share"] < 0.2
+
+
+def test_use_device_times_on_the_device_from_then_on_and_keeps_a_device_once_given(clock: FakeClock) -> None:
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    with sw.timed("forward"):  # before: a CPU block
+        clock.advance(MS)
+    device = FakeDevice(clock)
+    sw.use_device(device)
+    train(sw, device, clock, 10, load_ns=MS // 2, fwd=6 * MS, bwd=10 * MS)
+    stages = sw.summary().stages
+    assert stages["forward"].device is None  # recorded before the device was given
+    assert stages["step/forward"].device.mean == pytest.approx(6e-3)
+    assert sw.summary().metadata["config"]["device"] == FakeDevice.name
+    other = FakeDevice(clock)
+    sw.use_device(other)  # a device once given stays
+    train(sw, device, clock, 3, load_ns=MS // 2, fwd=6 * MS, bwd=10 * MS)
+    assert other.calls.total() == 0

@@ -77,6 +77,24 @@ def test_trace_steps_is_checked() -> None:
             stepwatch.Stopwatch(trace_steps=steps)  # type: ignore[arg-type]
 
 
+def test_enable_keeps_the_timeline_from_then_on_and_checks_it_first(clock: FakeClock) -> None:
+    sw = stepwatch.Stopwatch(clock=clock)
+    for steps in (0, -1, 1.5, True, 10**6):
+        with pytest.raises((ValueError, TypeError)):
+            sw.enable(trace_steps=steps)  # type: ignore[arg-type]
+        assert not sw.is_enabled() and sw.timeline is None  # refused before anything changed
+    sw.enable(trace_steps=2)
+    for _ in sw.timed_iter(range(5)):
+        with sw.timed("forward"):
+            clock.advance(1000)
+    steps = [event for event in sw.summary().trace if event.path == "step"]
+    assert len(steps) == 2  # the ring of the last two steps
+    assert all(event.duration_ns == 1000 for event in steps)
+    assert sum(1 for event in sw.summary().trace if event.path == "step/forward") == 2
+    sw.enable()  # trace_steps not given: the timeline stays
+    assert sw.timeline is not None and sw.timeline.steps == 2
+
+
 def check_trace_format(document: dict[str, Any]) -> list[dict[str, Any]]:
     """The trace event format as Chrome and Perfetto read it: complete events in microseconds, every lane
     named by metadata. Returns the complete events."""
