@@ -90,8 +90,9 @@ def main(arguments: Sequence[str]) -> int:
         if missing is not None:  # one line, as python -m says it, and no run saved
             print(f"stepwatch run: {missing}", file=sys.stderr)
             return 1
-    from . import _default, _save_at_exit
+    from . import _save_at_exit
     from ._autostart import auto, run_file
+    from ._default_instance import stopwatch as _default
 
     target = args.module if args.module is not None else program[0]
     try:

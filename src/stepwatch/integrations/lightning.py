@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import _default
 from .._all_ranks import AllRanks, end_report
 from .._auto import batch_size
 from .._constants import DEFAULT_PHASE
 from .._dataloader.watch import instrument_always, uninstrument
+from .._default_instance import stopwatch as _default
 from .._external_loops import Beats, set_base_phase
 from .._job import in_job
 from .._patches import Patches

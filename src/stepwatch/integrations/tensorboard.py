@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import Stopwatch, _default
+from .. import Stopwatch
+from .._default_instance import stopwatch as _default
 
 __all__ = ["log"]
 

@@ -31,12 +31,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .. import _default
 from .._all_ranks import end_report
 from .._auto import batch_size
 from .._constants import DEFAULT_PHASE
 from .._dataloader.find import inner_loader, loader_config
 from .._dataloader.watch import instrument_always, uninstrument
+from .._default_instance import stopwatch as _default
 from .._external_loops import Beats
 from .._job import is_rank_zero
 from .._results import save_run
