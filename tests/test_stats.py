@@ -8,9 +8,12 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stepwatch import Stopwatch
 from stepwatch._figures import StageStats
+from stepwatch._schema import check_stats
 from stepwatch._stats import RunningStats, percentile
 
 from .conftest import FakeClock
@@ -105,3 +108,20 @@ def test_memory_does_not_grow_with_the_number_of_blocks() -> None:
     growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     assert sw.summary().stages["stage"].calls == 255_000
     assert growth < 1024 * 1024, f"heap grew by {growth} bytes"
+
+
+@given(st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 10**12)), min_size=1, max_size=30))
+def test_samples_read_together_keep_exact_totals_and_a_consistent_spread(batches: list[tuple[int, int]]) -> None:
+    stats = RunningStats(window=8)
+    for samples, total in batches:
+        stats.add_samples(samples, total)
+    assert stats.calls == sum(samples for samples, _ in batches)
+    assert stats.total_ns == sum(total for _, total in batches)
+    assert stats.sumsq_ns * stats.calls >= stats.total_ns**2  # never a negative variance
+    assert stats.min_ns is not None and stats.max_ns is not None
+    assert stats.min_ns * stats.calls <= stats.total_ns <= stats.max_ns * stats.calls
+    assert list(stats.recent) == [total // samples for samples, total in batches][-8:]  # a mean per batch
+    check_stats(stats.to_dict(), "stats")  # what a saved run's schema accepts
+    stage = StageStats.from_running("loader/dataset", stats)
+    assert stage.mean == pytest.approx(stats.total_ns / stats.calls / 1e9)
+    assert stage.std >= 0

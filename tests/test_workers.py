@@ -91,7 +91,7 @@ def assert_worker_figures_hold(sw: Stopwatch, batches: list[Any], augment: bool 
 
     def total(stage: str) -> float:
         rows = [stages[p] for p in (f"loader/{stage}", f"first_batch/{stage}") if p in stages]
-        assert sum(len(row.recent_ns) for row in rows) == len(took), stage
+        assert sum(row.calls for row in rows) == len(took), stage  # a call per sample (dataset: read per batch)
         return sum(row.total for row in rows)
 
     assert total("dataset") >= sum(took)
@@ -587,3 +587,33 @@ def test_a_batch_that_failed_in_a_worker_leaves_nothing_for_the_next(monkeypatch
         getitems([4, 5, 6, 7])  # sample 4 was timed, then 5 raised: no collate, no report
     carrier = collate(getitems([0, 1, 2, 3]))
     assert carrier.report[5]["dataset"][0] == 4  # the 4 samples of this batch, not 6
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_is_read_under_one_clock_pair_with_a_call_per_sample(num_workers: int) -> None:
+    """The dataset row of a batch costs one clock pair whatever the batch's size: its calls are the samples,
+    its total holds their time, its mean is per sample and its recent window holds a mean per batch; a timed
+    block inside ``__getitem__`` still nests under it."""
+    sw = Stopwatch(trace_steps=10)
+    sw.enable()
+    batches = [batch for batch in sw.watch(make_loader("fork", num_workers=num_workers, batch_size=8))]
+    took = [t for batch in batches for t in batch["took"].tolist()]
+    stages = sw.summary().main_phase.stages
+    rows = [stages[path] for path in ("loader/dataset", "first_batch/dataset") if path in stages]
+    assert sum(row.calls for row in rows) == 16
+    assert sum(len(row.recent_ns) for row in rows) == 2  # one per batch
+    assert sum(row.total for row in rows) >= sum(took)
+    assert sum(row.total for row in rows) / 16 == pytest.approx(SAMPLE_S, rel=0.5)
+    assert sum(stages[p].calls for p in ("loader/dataset/augment", "first_batch/dataset/augment") if p in stages) == 16
+    events = [e for e in sw.summary().trace if e.path.endswith("/dataset")]
+    assert len(events) == 2 and all(e.duration_ns >= 8 * SAMPLE_S * 1e9 for e in events)
+
+
+def test_a_sample_that_fails_is_counted_in_its_batch_read() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    with pytest.raises(ValueError, match="sample 5 is corrupt"):
+        for _ in sw.watch(make_loader(None, num_workers=0, dataset=BusyDataset(fail_at=5))):
+            pass
+    stages = sw.summary().main_phase.stages
+    assert sum(stages[p].calls for p in ("loader/dataset", "first_batch/dataset") if p in stages) == 6  # 4 + 1 + 1

@@ -19,6 +19,12 @@ stopwatch: Stopwatch
 """The default instance (``stepwatch._default``), set once by ``stepwatch/__init__``."""
 
 
+def lends_to(other: Stopwatch) -> bool:
+    """Whether :func:`lent_to` would lend the default's state to ``other`` (checked first: it is a context
+    manager, a microsecond or two a batch)."""
+    return other is not stopwatch and not stopwatch.is_enabled()  # noqa: F821 (set by stepwatch/__init__)
+
+
 @contextlib.contextmanager
 def lent_to(other: Stopwatch) -> Iterator[None]:
     """In the main process, while ``other`` (not the default) fetches a batch: blocks on the default stopwatch
@@ -27,7 +33,7 @@ def lent_to(other: Stopwatch) -> Iterator[None]:
     nothing), by lending it ``other``'s state for the fetch. The one place, with :func:`share_state`, where a
     stopwatch's state is swapped whole: every part of it goes together."""
     default = stopwatch  # noqa: F821 (set by stepwatch/__init__)
-    if other is default or default.is_enabled():
+    if not lends_to(other):
         yield
         return
     own = default.__dict__

@@ -60,6 +60,20 @@ class RunningStats:
         self.max_ns = high if self.max_ns is None else max(self.max_ns, high)
         self.recent.extend(durations)
 
+    def add_samples(self, samples: int, total_ns: int) -> None:
+        """Fold in ``samples`` calls measured together in ``total_ns`` (a batch read by one clock pair): the
+        total is exact; each call is taken to have lasted the batch's mean, so the spread and the recent window
+        describe batches (one entry per batch, its mean per call), not single calls."""
+        if samples <= 0:
+            return
+        mean_low, mean_high = total_ns // samples, -(-total_ns // samples)
+        self.calls += samples
+        self.total_ns += total_ns
+        self.sumsq_ns += -(-total_ns * total_ns // samples)  # rounded up: never below total^2 / calls
+        self.min_ns = mean_low if self.min_ns is None else min(self.min_ns, mean_low)
+        self.max_ns = mean_high if self.max_ns is None else max(self.max_ns, mean_high)
+        self.recent.append(mean_low)
+
     def partial(self) -> Partial:
         """These statistics as a plain tuple, cheap to pickle (for sending from a worker)."""
         return (self.calls, self.total_ns, self.sumsq_ns, self.min_ns or 0, self.max_ns or 0, list(self.recent))

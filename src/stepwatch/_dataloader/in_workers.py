@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from .. import _default_instance
-from .._constants import FOLD
 from .._stats import Partial
 
 if TYPE_CHECKING:
@@ -128,6 +127,9 @@ class TimedCollate:
             if not self.watching:
                 return self.collate_fn(samples)
             stopwatch = self._stopwatch or _default_stopwatch()
+            if not _default_instance.lends_to(stopwatch):
+                with stopwatch.timed("collate"):
+                    return self.collate_fn(samples)
             with _default_instance.lent_to(stopwatch), stopwatch.timed("collate"):
                 return self.collate_fn(samples)
         stopwatch = _default_stopwatch()
@@ -175,6 +177,8 @@ class TimedGetItems:
             _state.fetch_started()
             return self._fetch(stopwatch, indices)
         stopwatch = self._stopwatch or _default_stopwatch()
+        if not _default_instance.lends_to(stopwatch):
+            return self._fetch(stopwatch, indices)
         with _default_instance.lent_to(stopwatch):
             return self._fetch(stopwatch, indices)
 
@@ -187,39 +191,39 @@ class TimedGetItems:
         samples: list[Any] = []
         append = samples.append
         stacks = stopwatch.stacks
-        if stacks.measuring is not True or stopwatch.device_timer is not None or stopwatch.timeline is not None:
+        if stacks.measuring is not True:  # off, or dropping: each sample as a block would be
             for index in indices:
                 with block:
                     append(dataset[index])
             return samples
-        # the block's work, inlined: a sample read by the training process itself (no workers) is often a
-        # microsecond, and every one of them is on the training thread's clock
+        # one clock pair for the whole batch, whatever its size: the row's total and calls (one per sample) stay
+        # exact, its mean is the mean per sample, and its spread describes batches (see RunningStats.add_samples)
         local = stacks.local
         stack = stacks.thread_stack()
         parent = stack[-1][1]
         node = parent.children.get("dataset") or stopwatch.tree.add_child(parent, "dataset")
-        buf = node.buf
         clock = stopwatch.clock
-        for position, index in enumerate(indices, 1):
-            start = clock()
-            frame = (block, node, start)
-            stack.append(frame)
-            try:
+        start = clock()
+        frame = (block, node, start)
+        stack.append(frame)
+        failed = 0
+        try:
+            for index in indices:
+                failed = 1
                 append(dataset[index])
-            finally:
-                end = clock()
-                if stack[-1] is frame:
-                    del stack[-1]
-                    buf.append(end - start)
-                elif stacks.local is local and stacks.hot:
-                    stacks.unwind(stack, block)  # blocks left open inside the read: as Block does
-            if stacks.local is not local or stacks.measuring is not True:  # switched inside the read
-                for rest in list(indices)[position:]:
-                    with block:
-                        append(dataset[rest])
-                break
-        if len(buf) >= FOLD:
-            stacks.fold(node)
+                failed = 0
+        finally:
+            end = clock()
+            if stack[-1] is frame:
+                del stack[-1]
+                if stacks.local is local and node is not parent:  # not switched; (DROPPED is its own child)
+                    with stopwatch.tree.lock:
+                        node.stats.add_samples(len(samples) + failed, end - start)
+                    timeline = stopwatch.timeline
+                    if timeline is not None:
+                        timeline.events += (node, start, end, stack)
+            elif stacks.local is local and stacks.hot:
+                stacks.unwind(stack, block)  # blocks left open inside the read: as Block does
         return samples
 
 
