@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/workers.py
 	$(BIN)/python benchmarks/auto.py
+	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/gather.py
 
 clean:

@@ -120,13 +120,19 @@ class ThreadStacks:
         return any(frame[0] is not None and frame[0] is not LOOP for stack in stacks for frame in stack)
 
     def fold(self, node: Node) -> None:
-        """A stage's buffer of recent measurements is full: fold it into the totals (under the lock)."""
+        """A stage's buffer of recent measurements is full: fold it into the totals (under the lock). A dropped
+        block (its buffer always reads as full) only forgets what it measured, without the lock."""
+        if node is DROPPED:
+            list.clear(node.buf)
+            node.device_buf.clear()
+            if self.measuring is False:
+                with self.tree.lock:
+                    self.update_flags()  # the last dropped block may have closed
+            return
         if self.timeline is not None:  # blocks with no step: bounded all the same
             self.timeline.bound_loose()
         with self.tree.lock:
             fold(node)
-            if node is DROPPED and self.measuring is False:
-                self.update_flags()  # the last dropped block may have closed
 
     def track(self, block: Block) -> None:
         """Switched off after having been on: the block opens a dropped frame (see :meth:`update_flags`)."""
