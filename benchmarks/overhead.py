@@ -90,6 +90,9 @@ def build_timers() -> tuple[dict[str, Loop], list[str]]:
     on = stepwatch.Stopwatch(window=1024)
     on.enable()
     off = stepwatch.Stopwatch()
+    switched_off = stepwatch.Stopwatch()  # on, then off: blocks keep what the switch guarantees
+    switched_off.enable()
+    switched_off.disable()
     traced = stepwatch.Stopwatch(window=1024, trace_steps=200)
     traced.enable()
     outside = stepwatch.Stopwatch(active=1)
@@ -101,6 +104,7 @@ def build_timers() -> tuple[dict[str, Loop], list[str]]:
         "floor (__slots__ with, 2 clock reads)": reused_loop(Floor()),
         "contextlib.nullcontext()": block_loop(contextlib.nullcontext),
         "stepwatch timed, disabled": block_loop(lambda: off.timed("stage")),
+        "stepwatch timed, after disable()": block_loop(lambda: switched_off.timed("stage")),
         "stepwatch timed, enabled": block_loop(lambda: on.timed("stage")),
         "stepwatch timed, enabled, trace_steps": block_loop(lambda: traced.timed("stage")),
         "stepwatch timed, outside the window": block_loop(lambda: outside.timed("stage")),
@@ -243,6 +247,10 @@ def main() -> None:
         },
         "disabled <= nullcontext": {
             "value": ns["stepwatch timed, disabled"] / ns["contextlib.nullcontext()"],
+            "limit": 1.0,
+        },
+        "after disable() <= nullcontext": {
+            "value": ns["stepwatch timed, after disable()"] / ns["contextlib.nullcontext()"],
             "limit": 1.0,
         },
         "outside the window <= nullcontext": {

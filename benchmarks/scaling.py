@@ -87,58 +87,59 @@ def loader_table(steps: int, repeats: int, workers: int) -> dict[str, dict[str, 
     return table
 
 
-def model_table(steps: int, repeats: int, memory_stage: bool = False) -> dict[str, dict[str, float]]:
-    table = {}
-    for calls, blocks in BLOCKS.items():
-        torch.manual_seed(0)
-        layers: list[nn.Module] = []
-        for _ in range(blocks):
-            layers += [nn.Linear(16, 16), nn.ReLU()]
-        model = nn.Sequential(*layers)
-        criterion = nn.MSELoss()
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        loader = DataLoader(TensorDataset(torch.randn(8 * steps, 16), torch.randn(8 * steps, 16)), batch_size=8)
+def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], float]]:
+    """The plain loop, ``auto()`` over it, and the same stages by hand, on a model of ``blocks`` blocks."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(blocks):
+        layers += [nn.Linear(16, 16), nn.ReLU()]
+    model = nn.Sequential(*layers)
+    criterion = nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = DataLoader(TensorDataset(torch.randn(8 * steps, 16), torch.randn(8 * steps, 16)), batch_size=8)
 
-        def plain() -> int:
-            for x, y in loader:
-                loss = criterion(model(x), y)
+    def plain() -> int:
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return len(loader)
+
+    def by_hand() -> int:
+        for x, y in stepwatch.watch(loader):
+            with stepwatch.timed("forward"):
+                out = model(x)
+            with stepwatch.timed("loss"):
+                loss = criterion(out, y)
+            with stepwatch.timed("backward"):
                 loss.backward()
+            with stepwatch.timed("optimizer"):
                 optimizer.step()
+            with stepwatch.timed("zero_grad"):
                 optimizer.zero_grad()
-            return len(loader)
+        return len(loader)
 
-        def by_hand() -> int:
-            for x, y in stepwatch.watch(loader):
-                with stepwatch.timed("forward"):
-                    out = model(x)
-                with stepwatch.timed("loss"):
-                    loss = criterion(out, y)
-                with stepwatch.timed("backward"):
-                    loss.backward()
-                with stepwatch.timed("optimizer"):
-                    optimizer.step()
-                with stepwatch.timed("zero_grad"):
-                    optimizer.zero_grad()
-            return len(loader)
+    def auto() -> float:
+        stepwatch.auto()
+        try:
+            return per_step(plain)
+        finally:
+            stepwatch.auto(False)
+            stepwatch.disable()
 
-        def auto() -> float:
-            stepwatch.auto()
-            try:
-                return per_step(plain)
-            finally:
-                stepwatch.auto(False)
-                stepwatch.disable()
+    def hand() -> float:
+        stepwatch.enable()
+        try:
+            return per_step(by_hand)
+        finally:
+            stepwatch.disable()
 
-        def hand() -> float:
-            stepwatch.enable()
-            try:
-                return per_step(by_hand)
-            finally:
-                stepwatch.disable()
+    return {"plain": lambda: per_step(plain), "auto": auto, "by_hand": hand}
 
-        ways = {"plain": lambda: per_step(plain), "auto": auto, "by_hand": hand}
-        table[str(calls)] = paired(ways, repeats)
-    return table
+
+def model_table(steps: int, repeats: int) -> dict[str, dict[str, float]]:
+    return {str(calls): paired(model_ways(blocks, steps), repeats) for calls, blocks in BLOCKS.items()}
 
 
 def device_run(steps: int, repeats: int) -> dict[str, float]:
@@ -179,13 +180,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=100, help="training steps per run")
     parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--workers", default="0,2", help="worker counts of the watch() table")
+    parser.add_argument("--parts", default="watch,model,device", help="which tables to measure")
     parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
+    parts = args.parts.split(",")
+    workers = [int(count) for count in args.workers.split(",")]
     result: dict[str, Any] = {
-        "watch_by_batch": {f"workers_{w}": loader_table(args.steps, args.repeats, w) for w in (0, 2)},
-        "by_module_calls": model_table(args.steps, args.repeats),
-        "device_double": device_run(args.steps, args.repeats),
+        "watch_by_batch": {f"workers_{w}": loader_table(args.steps, args.repeats, w) for w in workers}
+        if "watch" in parts
+        else {},
+        "by_module_calls": model_table(args.steps, args.repeats) if "model" in parts else {},
+        "device_double": device_run(args.steps, args.repeats) if "device" in parts else {},
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
         "config": {"steps": args.steps, "repeats": args.repeats},
     }
@@ -196,9 +203,9 @@ def main() -> None:
         print(f"  {workers:10s} {row}")
     print("auto() and by hand: µs added per step, by module calls per step")
     for calls, figures in result["by_module_calls"].items():
+        auto, hand = figures["auto_added_ns"] / 1e3, figures["by_hand_added_ns"] / 1e3
         print(
-            f"  {calls:>4} calls  auto {figures['auto_added_ns'] / 1e3:8.1f}  by hand {figures['by_hand_added_ns'] / 1e3:7.1f}"
-            f"  (plain step {figures['plain_step_ns'] / 1e3:7.1f})"
+            f"  {calls:>4} calls  auto {auto:8.1f}  by hand {hand:7.1f}  (plain {figures['plain_step_ns'] / 1e3:7.1f})"
         )
     for name, value in result["device_double"].items():
         print(f"  device double, {name}: {value / 1e3:.1f} µs per step")

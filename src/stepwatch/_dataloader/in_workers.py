@@ -12,6 +12,7 @@ With ``num_workers=0`` everything runs in the main process and is recorded direc
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -188,13 +189,12 @@ class TimedGetItems:
                 return self.inner(indices)
         block = stopwatch.timed("dataset")
         dataset = self.dataset
-        samples: list[Any] = []
-        append = samples.append
         stacks = stopwatch.stacks
         if stacks.measuring is not True:  # off, or dropping: each sample as a block would be
+            samples: list[Any] = []
             for index in indices:
                 with block:
-                    append(dataset[index])
+                    samples.append(dataset[index])
             return samples
         # one clock pair for the whole batch, whatever its size: the row's total and calls (one per sample) stay
         # exact, its mean is the mean per sample, and its spread describes batches (see RunningStats.add_samples)
@@ -206,19 +206,23 @@ class TimedGetItems:
         start = clock()
         frame = (block, node, start)
         stack.append(frame)
-        failed = 0
+        remaining = iter(indices)
+        read = 1  # calls, should even the first read fail
         try:
-            for index in indices:
-                failed = 1
-                append(dataset[index])
-                failed = 0
+            samples = [dataset[index] for index in remaining]  # torch's own loop: nothing added per sample
+            read = len(samples)
+        except BaseException:  # the samples read, and the one that failed
+            left = operator.length_hint(remaining, -1)
+            if left >= 0 and hasattr(indices, "__len__"):
+                read = len(indices) - left
+            raise
         finally:
             end = clock()
             if stack[-1] is frame:
                 del stack[-1]
                 if stacks.local is local and node is not parent:  # not switched; (DROPPED is its own child)
                     with stopwatch.tree.lock:
-                        node.stats.add_samples(len(samples) + failed, end - start)
+                        node.stats.add_samples(read, end - start)
                     timeline = stopwatch.timeline
                     if timeline is not None:
                         timeline.events += (node, start, end, stack)
