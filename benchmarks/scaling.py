@@ -87,16 +87,40 @@ def loader_table(steps: int, repeats: int, workers: int) -> dict[str, dict[str, 
     return table
 
 
-def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], float]]:
-    """The plain loop, ``auto()`` over it, and the same stages by hand, on a model of ``blocks`` blocks."""
+Training = tuple[nn.Module, nn.Module, torch.optim.Optimizer, DataLoader[Any]]
+
+
+def build(blocks: int, steps: int) -> Training:
+    """A model of ``blocks`` Linear+ReLU blocks, its loss, its optimizer and ``steps`` batches of 8."""
     torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(blocks):
-        layers += [nn.Linear(16, 16), nn.ReLU()]
-    model = nn.Sequential(*layers)
-    criterion = nn.MSELoss()
+    model = nn.Sequential(*[layer for _ in range(blocks) for layer in (nn.Linear(16, 16), nn.ReLU())])
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(TensorDataset(torch.randn(8 * steps, 16), torch.randn(8 * steps, 16)), batch_size=8)
+    return model, nn.MSELoss(), optimizer, loader
+
+
+def by_hand(recorder: Any, training: Training) -> int:
+    """The training loop with its stages written by hand, on ``recorder``: the ``stepwatch`` module (its
+    default stopwatch) or a ``Stopwatch``, which have the same ``watch`` and ``timed``."""
+    model, criterion, optimizer, loader = training
+    for x, y in recorder.watch(loader):
+        with recorder.timed("forward"):
+            out = model(x)
+        with recorder.timed("loss"):
+            loss = criterion(out, y)
+        with recorder.timed("backward"):
+            loss.backward()
+        with recorder.timed("optimizer"):
+            optimizer.step()
+        with recorder.timed("zero_grad"):
+            optimizer.zero_grad()
+    return len(loader)
+
+
+def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], float]]:
+    """The plain loop, ``auto()`` over it, and the same stages by hand, on a model of ``blocks`` blocks."""
+    training = build(blocks, steps)
+    model, criterion, optimizer, loader = training
 
     def plain() -> int:
         for x, y in loader:
@@ -104,20 +128,6 @@ def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], float]]:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-        return len(loader)
-
-    def by_hand() -> int:
-        for x, y in stepwatch.watch(loader):
-            with stepwatch.timed("forward"):
-                out = model(x)
-            with stepwatch.timed("loss"):
-                loss = criterion(out, y)
-            with stepwatch.timed("backward"):
-                loss.backward()
-            with stepwatch.timed("optimizer"):
-                optimizer.step()
-            with stepwatch.timed("zero_grad"):
-                optimizer.zero_grad()
         return len(loader)
 
     def auto() -> float:
@@ -131,7 +141,7 @@ def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], float]]:
     def hand() -> float:
         stepwatch.enable()
         try:
-            return per_step(by_hand)
+            return per_step(lambda: by_hand(stepwatch, training))
         finally:
             stepwatch.disable()
 
@@ -148,26 +158,13 @@ def device_run(steps: int, repeats: int) -> dict[str, float]:
     from tests.conftest import FakeClock
     from tests.fake_device import FakeDevice
 
-    model = nn.Sequential(*[layer for _ in range(16) for layer in (nn.Linear(16, 16), nn.ReLU())])
-    criterion, optimizer = nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3)
-    loader = DataLoader(TensorDataset(torch.randn(8 * steps, 16), torch.randn(8 * steps, 16)), batch_size=8)
+    training = build(16, steps)
     results = {}
     for memory in ("step", "stage"):
         sw = stepwatch.Stopwatch(device=FakeDevice(FakeClock()), memory=memory)
 
         def loop(sw: stepwatch.Stopwatch = sw) -> int:
-            for x, y in sw.watch(loader):
-                with sw.timed("forward"):
-                    out = model(x)
-                with sw.timed("loss"):
-                    loss = criterion(out, y)
-                with sw.timed("backward"):
-                    loss.backward()
-                with sw.timed("optimizer"):
-                    optimizer.step()
-                with sw.timed("zero_grad"):
-                    optimizer.zero_grad()
-            return len(loader)
+            return by_hand(sw, training)
 
         sw.enable()
         loop()
