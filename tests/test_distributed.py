@@ -341,7 +341,8 @@ def test_torchrun_stepwatch_run_reports_all_ranks_and_survives_a_rank_that_dies(
         "ddp_job.stepwatch.rank0.json",
     ]
 
-    result = torchrun(tmp_path, 2, "-m", "stepwatch", "run", "-o", "zero.json", script)
+    # equal ranks: the reads sleep, so that a busy machine taking one rank's core does not make it a straggler
+    result = torchrun(tmp_path, 2, "-m", "stepwatch", "run", "-o", "zero.json", script, "--sleep-reads")
     assert result.returncode == 0, result.stderr[-3000:]
     gathered = load_ranks(tmp_path / "zero.json")
     assert [run.metadata["rank"] for run in gathered.runs] == [0, 1] and not gathered.missing
