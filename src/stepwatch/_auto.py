@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from . import _patches
 from ._constants import DEFAULT_PHASE, VAL_PHASE
 from ._external_loops import DrivenLoop, is_empty, rename_phase
+from ._module_calls import ModuleCalls
 
 if TYPE_CHECKING:
     from ._blocks import Block
@@ -107,6 +108,7 @@ class AutoSession:
         self.val_phase = val_phase
         self.device_choice = device
         self.patches = _patches.Patches()
+        self.module_calls = ModuleCalls(self.patches)
         self.found = WhatAutoFound()
         self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
         self.loop_depth = 0
@@ -122,6 +124,8 @@ class AutoSession:
         self.driven: DrivenLoop | None = None
         self.sites: dict[tuple[Any, ...], str] = {}  # where a loop runs -> "train" or "val", learned
         self.last_model: weakref.ref[Any] | None = None
+        self._last_trained: weakref.ref[Any] | None = None  # the last module added to ``trained``
+        self._classes: dict[type, tuple[str, bool]] = {}  # module class -> its name, whether a loss module
         self.accelerator = False
         self.torch: ModuleType | None = None
 
@@ -135,6 +139,7 @@ class AutoSession:
         if self.device_choice not in ("auto", None, "none", "cpu"):
             self._use_device(self.device_choice)
         _patches.install(self.patches, torch, self.accelerator)
+        self.module_calls.install(torch)
 
     def uninstall(self) -> None:
         self.end_evaluation()
@@ -155,29 +160,47 @@ class AutoSession:
     def module_stage(self, module: Any) -> str:
         """The stage of an outermost module call: ``loss`` for a loss module, else ``forward``. A forward of
         the model being trained made under ``no_grad``/``inference_mode`` or in eval mode, inside a training
-        step, is an evaluation: a step of the val phase, taken out of the training step."""
+        step, is an evaluation: a step of the val phase, taken out of the training step. Called once per
+        outermost call: what it learns of a class or a module it learns once."""
         torch = self.torch
-        name = type(module).__name__
-        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)  # compiled, DDP, DP
-        if inner is not None and torch is not None and isinstance(inner, torch.nn.Module):
+        cls = type(module)
+        known = self._classes.get(cls)
+        if known is None:
+            known = self._classes[cls] = self._describe(cls)
+        name, is_loss = known
+        modules = getattr(module, "_modules", None)
+        inner = (modules.get("_orig_mod") or modules.get("module")) if type(modules) is dict else None
+        if inner is not None:  # compiled, DDP, DP
             name = f"{name}({type(inner).__name__})"
         grad = torch is None or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
-        if torch is not None and isinstance(module, torch.nn.modules.loss._Loss):
+        if is_loss:
             self.found.loss.setdefault(name, None)
             if grad and self.evaluation is None:
                 self.training_blocks += 1
             return "loss"
-        if name not in self.found.forward:
-            self.found.forward[name] = None
-        self.last_model = weakref.ref(module)
+        self.found.forward.setdefault(name, None)
+        last = self.last_model
+        if last is None or last() is not module:
+            self.last_model = weakref.ref(module)
         if grad and getattr(module, "training", True):
-            self.end_evaluation()
+            if self.evaluation is not None:
+                self.end_evaluation()
             self.training_blocks += 1
-            with contextlib.suppress(TypeError):
-                self.trained.add(module)
+            if self._last_trained is None or self._last_trained() is not module:
+                with contextlib.suppress(TypeError):
+                    self.trained.add(module)
+                    self._last_trained = weakref.ref(module)
         elif self._trained(module):
             self._evaluation_step()
         return "forward"
+
+    def _describe(self, cls: type) -> tuple[str, bool]:
+        """A module class's name in the report, and whether it is a loss module."""
+        torch = self.torch
+        is_loss = torch is not None and issubclass(cls, torch.nn.modules.loss._Loss)
+        if len(self._classes) >= _MAX_REMEMBERED:
+            self._classes.clear()
+        return cls.__name__, is_loss
 
     def _trained(self, module: Any) -> bool:
         try:
@@ -225,6 +248,7 @@ class AutoSession:
         if self.driven is not None:
             if self.driven.thread == get_ident() and self.loop_depth == 1:
                 self.driven.tick()
+                self.module_calls.step_ended()
             return
         if self.loop_thread is None and self.sw.is_enabled():
             self._prepare_device()
@@ -248,6 +272,9 @@ class AutoSession:
         self.end_evaluation()  # a DataLoader loop starting is no longer an evaluation made of bare forwards
         nested = self.loop_thread == here and self.driven is None  # inside a DataLoader loop's step
         kind = self._guess(site, nested)
+        if self.loop_thread in (None, here) and (not nested or site not in self.sites):
+            # a loop starting anew (an epoch, a validation loop): its steps may call other modules
+            self.module_calls.loop_started()
         if kind == "train" and self.driven is not None and self.driven.thread == here:
             self._end_driven()  # a DataLoader training loop takes over the steps
         if self.loop_thread is None:
@@ -286,6 +313,8 @@ class AutoSession:
                 yield batch
                 if self.evaluation is not None:  # an evaluation at the step's end ends before the next batch
                     self.end_evaluation()
+                if tracked and self.loop_depth == 1:
+                    self.module_calls.step_ended()
         finally:
             self.end_evaluation()
             close = getattr(steps, "close", None)

@@ -3,6 +3,7 @@ value and exceptions, and times it only when the session says a step of its loop
 
 - ``DataLoader.__iter__``: a loop over a DataLoader is watched as ``watch(loader)`` would watch it;
 - ``nn.Module.__call__``: the outermost module call of a step is ``forward`` (``loss`` for a loss module);
+  once the classes of those calls are known, the wrapper is on those classes only (``_module_calls``);
 - ``Tensor.backward`` and ``torch.autograd.backward``: ``backward``;
 - torch's global optimizer step hooks: ``optimizer``; ``Optimizer.zero_grad`` and ``Module.zero_grad``:
   ``zero_grad``;
@@ -57,14 +58,20 @@ def wrap_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
         current = session
-        if (
-            current is None
-            or current.busy
-            or current.loop_thread != get_ident()
-            or current.sw.stacks.measuring is not True
-        ):
+        if current is None or current.busy or current.loop_thread != get_ident():
             return original(module, *args, **kwargs)
-        return _timed(current.module_stage(module), original, module, *args, **kwargs)
+        calls = current.module_calls
+        if type(module) not in calls.outer:
+            calls.found(type(module))
+        if current.sw.stacks.measuring is not True:
+            return original(module, *args, **kwargs)
+        block = current.sw.timed(current.module_stage(module))
+        current.busy += 1  # (``_timed``, inlined: once a step for the model, once for a loss module)
+        try:
+            with block:
+                return original(module, *args, **kwargs)
+        finally:
+            current.busy -= 1
 
     return __call__
 
@@ -76,9 +83,10 @@ def wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         if current is None:
             return original(*args, **kwargs)
         current.backward_calls += 1
-        if not _timing(current):
-            return original(*args, **kwargs)
-        current.training_call()
+        if current.busy or current.loop_thread != get_ident() or current.sw.stacks.measuring is not True:
+            return original(*args, **kwargs)  # (``_timing``, inlined: a nested backward comes here)
+        if current.evaluation is not None:
+            current.end_evaluation()
         current.training_blocks += 1
         current.found.backward = True
         return _timed("backward", original, *args, **kwargs)
@@ -185,6 +193,18 @@ class Patches:
         setattr(owner, name, wrapper)
         self._replaced.append((owner, name, own, wrapper))
 
+    def restore(self, owner: Any, name: str) -> None:
+        """Undoes the patch of ``owner.name`` alone (if stepwatch's is still there)."""
+        for index, (patched, patched_name, original, wrapper) in enumerate(self._replaced):
+            if patched is owner and patched_name == name:
+                if vars(owner).get(name) is wrapper:
+                    if original is None:
+                        delattr(owner, name)
+                    else:
+                        setattr(owner, name, original)
+                del self._replaced[index]
+                return
+
     def hook(self, handle: Any) -> None:
         self._handles.append(handle)
 
@@ -213,11 +233,11 @@ class Patches:
 
 
 def install(patches: Patches, torch: Any, accelerator: bool) -> None:
-    """Puts every patch on ``torch`` (already imported); ``accelerator`` adds the host-to-device copies."""
+    """Puts every patch on ``torch`` (already imported) but the module calls' (see ``_module_calls``);
+    ``accelerator`` adds the host-to-device copies."""
     from torch.optim import optimizer as optim_module
 
     patches.replace(torch.utils.data.DataLoader, "__iter__", wrap_loader_iter)
-    patches.replace(torch.nn.Module, "__call__", wrap_module_call)
     patches.replace(torch.Tensor, "backward", wrap_backward)
     patches.replace(torch.autograd, "backward", wrap_backward)
     patches.replace(torch.optim.Optimizer, "zero_grad", wrap_zero_grad)
