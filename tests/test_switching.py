@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from stepwatch import Stopwatch
+from stepwatch._blocks import Block, DroppedBlock, TracedBlock
 
 from .conftest import FakeClock
 
@@ -238,6 +239,41 @@ def test_disable_drops_open_blocks_and_what_opens_inside_them(clock: FakeClock) 
         clock.advance(MS)
     assert set(sw.summary().stages) == {"next"}
     assert not sw.stacks.hot or sw.stacks.measuring
+
+
+def test_a_block_opened_while_off_keeps_what_opens_inside_it_off_the_top_level(clock: FakeClock) -> None:
+    """Off after on, a block only pushes a dropped frame (its class is DroppedBlock, no clock read); switched
+    on while it is open, the blocks opened inside it are dropped with it, and later ones count."""
+    sw = Stopwatch(clock=clock)
+    sw.enable(trace_steps=2)
+    assert type(sw.timed("outer")) is TracedBlock
+    sw.disable()
+    outer = sw.timed("outer")
+    assert type(outer) is DroppedBlock and type(sw.timed("made while off")) is DroppedBlock
+    with outer:  # opened while off
+        sw.enable()
+        assert type(outer) is TracedBlock  # the same block, live again
+        with sw.timed("inner"):
+            clock.advance(MS)
+        with sw.timed("inner"):
+            clock.advance(MS)
+    with sw.timed("next"):
+        clock.advance(MS)
+    assert set(sw.summary().stages) == {"next"}
+    assert len(sw.stacks.thread_stack()) == 1
+
+
+def test_a_dropped_block_switched_on_while_its_class_changes_becomes_live(clock: FakeClock) -> None:
+    """The class of a block is changed after the switch; a block that meets the switch first heals itself."""
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    sw.disable()
+    block = sw.timed("stage")
+    sw.stacks.enabled = True  # the switch as enable() makes it, before the blocks follow
+    sw.stacks.update_flags()
+    with block:
+        clock.advance(MS)
+    assert type(block) is Block and sw.summary().stages["stage"].calls == 1
 
 
 # -- abandoned loops -------------------------------------------------------------------------------------------

@@ -603,7 +603,8 @@ def test_a_batch_is_read_under_one_clock_pair_with_a_call_per_sample(num_workers
     assert sum(row.calls for row in rows) == 16
     assert sum(len(row.recent_ns) for row in rows) == 2  # one per batch
     assert sum(row.total for row in rows) >= sum(took)
-    assert sum(row.total for row in rows) / 16 == pytest.approx(SAMPLE_S, rel=0.5)
+    # its mean per sample is the samples' own, by their clock (a busy machine stretches both alike)
+    assert sum(row.total for row in rows) / 16 == pytest.approx(sum(took) / 16, rel=0.1)
     assert sum(stages[p].calls for p in ("loader/dataset/augment", "first_batch/dataset/augment") if p in stages) == 16
     events = [e for e in sw.summary().trace if e.path.endswith("/dataset")]
     assert len(events) == 2 and all(e.duration_ns >= 8 * SAMPLE_S * 1e9 for e in events)

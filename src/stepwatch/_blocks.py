@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._constants import FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OTHER, OVERFLOW
+from ._stacks import DROPPING
 from ._tree import DROPPED
 
 if TYPE_CHECKING:
@@ -188,6 +189,44 @@ class DeviceBlock(Block):
                     device.record_out_of_memory(stacks.phase_name(), node.path, exc)
 
 
+class DroppedBlock(Block):
+    """What every block of a stopwatch switched off after having been on is, until it is switched on again
+    (:meth:`Blocks.follow_switch` changes the blocks' class): it only pushes and pops a dropped frame, so that
+    blocks opened inside it never show at top level if stepwatch is switched on while it is open, and reads
+    no clock. A dropped block that finds the stopwatch measuring again (it was switched on while this block's
+    class was being changed) becomes its live class and does what that does."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        stacks = self._sw.stacks
+        if stacks.measuring is not DROPPING:
+            self.__class__ = live_class(self._sw)
+            return self.__enter__()
+        try:
+            stack = stacks.local.stack
+        except AttributeError:
+            stack = stacks.thread_stack()
+        stack.append((self, DROPPED, 0))
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        stacks = self._sw.stacks
+        try:
+            stack = stacks.local.stack
+        except AttributeError:
+            stack = stacks.thread_stack()
+        frame = stack[-1]
+        if frame[0] is self and frame[1] is DROPPED:
+            del stack[-1]
+        else:  # a frame opened by its live class, or one out of order: what the live class does
+            live_class(self._sw).__exit__(self, exc_type, exc, tb)
+
+
+def live_class(sw: Stopwatch) -> type[Block]:
+    """The class of a stopwatch's blocks while it records: with its device, its timeline, or neither."""
+    return DeviceBlock if sw.device is not None else TracedBlock if sw.timeline is not None else Block
+
+
 class Blocks(dict[str, Block]):
     """The timed blocks of one stopwatch by stage name; a new name is checked once, on first use. Past
     :data:`MAX_STAGES` names, new ones share one uncached block named :data:`OVERFLOW`."""
@@ -199,7 +238,7 @@ class Blocks(dict[str, Block]):
     def __missing__(self, stage: str) -> Block:
         check_name(stage, "stage")
         sw = self._stopwatch
-        kind = DeviceBlock if sw.device is not None else TracedBlock if sw.timeline is not None else Block
+        kind = DroppedBlock if sw.stacks.measuring is DROPPING else live_class(sw)
         if len(self) >= MAX_STAGES:
             self._stopwatch.tree.warn_overflow(stage)
             overflow = dict.get(self, OVERFLOW)
@@ -207,6 +246,14 @@ class Blocks(dict[str, Block]):
                 overflow = dict.setdefault(self, OVERFLOW, kind(self._stopwatch, OVERFLOW))
             return overflow
         return self.setdefault(stage, kind(self._stopwatch, stage))
+
+    def follow_switch(self) -> None:
+        """After the stopwatch was switched on or off: its blocks are dropped blocks while it is off after
+        having been on, their live class otherwise."""
+        sw = self._stopwatch
+        kind = DroppedBlock if sw.stacks.measuring is DROPPING else live_class(sw)
+        for block in self.values():
+            block.__class__ = kind
 
 
 def check_name(name: object, what: str) -> None:

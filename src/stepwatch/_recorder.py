@@ -181,6 +181,7 @@ class Stopwatch(Results):
             stacks.enabled = True
             stacks.was_enabled = True
             stacks.update_flags()
+            self._blocks.follow_switch()
         if path is not None:
             from ._save_at_exit import install
 
@@ -261,6 +262,7 @@ class Stopwatch(Results):
             self.stacks.enabled = False
             self.stacks.drop_open_frames()
             self.stacks.update_flags()
+            self._blocks.follow_switch()
 
     def is_enabled(self) -> bool:
         return self.stacks.enabled
