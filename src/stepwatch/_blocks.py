@@ -201,7 +201,7 @@ class DroppedBlock(Block):
     def __enter__(self) -> None:
         stacks = self._sw.stacks
         if stacks.measuring is not DROPPING:
-            self.__class__ = live_class(self._sw)
+            self.__class__ = live_class(self._sw)  # type: ignore[assignment]
             return self.__enter__()
         try:
             stack = stacks.local.stack
