@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stepwatch-installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bench-valgrind clean
 
 $(STAMP): pyproject.toml Makefile
 	rm -rf $(VENV)
@@ -36,6 +36,11 @@ bench: setup
 	$(BIN)/python benchmarks/auto.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/gather.py
+
+# what a step executes, counted by Valgrind (needs valgrind; about 25 minutes on 2 cores)
+bench-valgrind: setup
+	$(BIN)/python benchmarks/instructions.py
+	$(BIN)/python benchmarks/in_situ.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
