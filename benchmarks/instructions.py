@@ -40,38 +40,32 @@ def child(blocks: int, way: str, steps: int) -> None:
     the counted steps start and end."""
     sys.path.insert(0, str(HERE))
     import torch
-    from scaling import build
+    from scaling import build, by_hand
 
     import stepwatch
 
     torch.set_num_threads(1)
-    model, criterion, optimizer, loader = build(blocks, WARM_STEPS + steps)
-    if way == "auto":
-        stepwatch.auto()
-    elif way == "by_hand":
-        stepwatch.enable()
-    timed = stepwatch.timed
-    for index, (x, y) in enumerate(stepwatch.watch(loader) if way == "by_hand" else loader):
-        if way == "by_hand":  # scaling.by_hand's stages
-            with timed("forward"):
-                out = model(x)
-            with timed("loss"):
-                loss = criterion(out, y)
-            with timed("backward"):
-                loss.backward()
-            with timed("optimizer"):
-                optimizer.step()
-            with timed("zero_grad"):
-                optimizer.zero_grad()
-        else:
-            loss = criterion(model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    training = build(blocks, WARM_STEPS + steps)
+    model, criterion, optimizer, loader = training
+
+    def mark(index: int) -> None:
         if index == WARM_STEPS - 1:
             os.getppid()  # callgrind zeroes its counters here
         elif index == WARM_STEPS + steps - 1:
             os.getpgrp()  # ... and dumps them here
+
+    if way == "by_hand":
+        stepwatch.enable()
+        by_hand(stepwatch, training, mark)
+        return
+    if way == "auto":
+        stepwatch.auto()
+    for index, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mark(index)
 
 
 def valgrind_counts(script: str, arguments: list[str], cache_sim: bool = False) -> dict[str, int]:

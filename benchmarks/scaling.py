@@ -99,11 +99,12 @@ def build(blocks: int, steps: int) -> Training:
     return model, nn.MSELoss(), optimizer, loader
 
 
-def by_hand(recorder: Any, training: Training) -> int:
+def by_hand(recorder: Any, training: Training, after_step: Callable[[int], None] | None = None) -> int:
     """The training loop with its stages written by hand, on ``recorder``: the ``stepwatch`` module (its
-    default stopwatch) or a ``Stopwatch``, which have the same ``watch`` and ``timed``."""
+    default stopwatch) or a ``Stopwatch``, which have the same ``watch`` and ``timed``. ``after_step(index)``,
+    if given, is called at the end of each step (``instructions.py`` marks the steps it counts)."""
     model, criterion, optimizer, loader = training
-    for x, y in recorder.watch(loader):
+    for index, (x, y) in enumerate(recorder.watch(loader)):
         with recorder.timed("forward"):
             out = model(x)
         with recorder.timed("loss"):
@@ -114,6 +115,8 @@ def by_hand(recorder: Any, training: Training) -> int:
             optimizer.step()
         with recorder.timed("zero_grad"):
             optimizer.zero_grad()
+        if after_step is not None:
+            after_step(index)
     return len(loader)
 
 

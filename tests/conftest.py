@@ -65,6 +65,18 @@ def rank_runs(clock: FakeClock, forward_ms: Sequence[int], steps: int, **options
 
 
 @pytest.fixture
+def auto() -> Iterator[None]:
+    """Auto-instrumentation on for the test, and off, with the default stopwatch cleared, after it."""
+    stepwatch.auto()
+    try:
+        yield
+    finally:
+        stepwatch.auto(False)
+        stepwatch.disable()
+        stepwatch.reset()
+
+
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 

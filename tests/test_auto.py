@@ -7,7 +7,6 @@ import inspect
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +34,6 @@ PATCHED = [
     (torch.autograd, "backward"),
     (torch.optim.Optimizer, "zero_grad"),
 ]
-
-
-@pytest.fixture
-def auto() -> Iterator[None]:
-    stepwatch.auto()
-    try:
-        yield
-    finally:
-        stepwatch.auto(False)
-        stepwatch.disable()
-        stepwatch.reset()
 
 
 def train(epochs: int = 1, batches: int = 4, body: Any = None) -> nn.Module:

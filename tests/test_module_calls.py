@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,17 +13,6 @@ import stepwatch
 from stepwatch import _module_calls, _patches
 
 TORCH_CALL = vars(nn.Module)["__call__"]
-
-
-@pytest.fixture
-def auto() -> Iterator[None]:
-    stepwatch.auto()
-    try:
-        yield
-    finally:
-        stepwatch.auto(False)
-        stepwatch.disable()
-        stepwatch.reset()
 
 
 class Inner(nn.Module):
