@@ -263,8 +263,9 @@ def test_a_block_opened_while_off_keeps_what_opens_inside_it_off_the_top_level(c
     assert len(sw.stacks.thread_stack()) == 1
 
 
-def test_a_dropped_block_switched_on_while_its_class_changes_becomes_live(clock: FakeClock) -> None:
-    """The class of a block is changed after the switch; a block that meets the switch first heals itself."""
+def test_a_block_entered_between_the_switch_and_its_class_following_is_dropped_cleanly(clock: FakeClock) -> None:
+    """enable() switches on, then changes the blocks' class: a block entered in between is still a dropped
+    block. Its class follows while it is open; it and what opens inside it are dropped, nothing is left."""
     sw = Stopwatch(clock=clock)
     sw.enable()
     sw.disable()
@@ -272,8 +273,91 @@ def test_a_dropped_block_switched_on_while_its_class_changes_becomes_live(clock:
     sw.stacks.enabled = True  # the switch as enable() makes it, before the blocks follow
     sw.stacks.update_flags()
     with block:
+        sw._blocks.follow_switch()
+        assert type(block) is Block
+        with sw.timed("inner"):
+            clock.advance(MS)
+    with sw.timed("stage"):
         clock.advance(MS)
-    assert type(block) is Block and sw.summary().stages["stage"].calls == 1
+    stages = sw.summary().stages
+    assert set(stages) == {"stage"} and stages["stage"].calls == 1
+    assert block.inside == [] and len(sw.stacks.thread_stack()) == 1
+
+
+def test_a_note_the_thread_stack_missed_is_taken_back_on_the_way_out(clock: FakeClock) -> None:
+    """The same instant, when the thread's stack was rebuilt before the dropped block noted its thread: the
+    block's exit, now live, finds no frame of its own and takes its note back, so no later stack inherits it."""
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    sw.disable()
+    block = sw.timed("stage")
+    sw.stacks.enabled = True
+    sw.stacks.update_flags()
+    sw.stacks.thread_stack()
+    with block:
+        sw._blocks.follow_switch()
+    assert block.inside == []
+    sw.disable()
+    sw.enable()
+    with sw.timed("next"):
+        clock.advance(MS)
+    assert set(sw.summary().stages) == {"next"} and len(sw.stacks.thread_stack()) == 1
+
+
+def test_off_after_on_a_block_notes_only_its_thread(clock: FakeClock) -> None:
+    """Off after on, a block reads no clock and touches no stack: it notes the threads inside it, once per
+    open call (the same block on two threads, or nested in itself), and forgets each on the way out."""
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    sw.disable()
+    block = sw.timed("stage")
+    entered, leave = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        with block:
+            entered.set()
+            leave.wait(5)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    entered.wait(5)
+    with block, block:
+        assert sorted(block.inside) == sorted([thread.ident, threading.get_ident(), threading.get_ident()])
+        assert "stage" not in sw.stacks.by_thread.get(threading.get_ident(), [])
+    assert block.inside == [thread.ident]
+    leave.set()
+    thread.join()
+    assert block.inside == [] and not sw.stacks.by_thread
+    assert sw.summary().stages == {}
+
+
+def test_threads_inside_blocks_opened_while_off_get_their_inner_blocks_dropped() -> None:
+    """Switched on while two threads are inside blocks opened while off: each thread's inner blocks are dropped
+    with its block, the switching thread's own later blocks count."""
+    sw = Stopwatch()
+    sw.enable()
+    sw.disable()
+    switched, done = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with sw.timed("outer"):
+            switched.wait(5)
+            with sw.timed("inner"):
+                pass
+        done.set()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.05)
+    sw.enable()
+    switched.set()
+    for thread in threads:
+        thread.join()
+    with sw.timed("after"):
+        pass
+    assert set(sw.summary().stages) == {"after"}
+    assert all(not block.inside for block in sw._blocks.made)
 
 
 # -- abandoned loops -------------------------------------------------------------------------------------------

@@ -538,6 +538,12 @@ def test_loaders_can_be_given(sw: Stopwatch) -> None:
     assert calls(sw, "collate") == 2
 
 
+@stepwatch.timed("resize")
+def resize() -> None:
+    """A function decorated at import: it keeps the module-level stopwatch's block of that time."""
+    spin(0.0002)
+
+
 class OwnStopwatchDataset(Dataset[int]):
     """Blocks on the user's own stopwatch and on the module-level one, inside the dataset."""
 
@@ -552,10 +558,17 @@ class OwnStopwatchDataset(Dataset[int]):
             spin(0.0002)
         with stepwatch.timed("normalize"):
             spin(0.0002)
+        resize()
         return index
 
 
-def test_the_same_dataset_code_gives_the_same_rows_with_0_or_2_workers() -> None:
+@pytest.mark.parametrize("default_was_on", [False, True], ids=["default-as-it-is", "default-on-then-off"])
+def test_the_same_dataset_code_gives_the_same_rows_with_0_or_2_workers(default_was_on: bool) -> None:
+    """Also when the module-level stopwatch was switched on and off before (as the Lightning profiler and
+    attach() do): its blocks, dropped blocks while it is off, record into the watching stopwatch all the same."""
+    if default_was_on:
+        stepwatch.enable()
+        stepwatch.disable()
     rows = {}
     for workers in (0, 2):
         sw = Stopwatch()
@@ -565,6 +578,7 @@ def test_the_same_dataset_code_gives_the_same_rows_with_0_or_2_workers() -> None
         stages = sw.summary().stages
         rows[workers] = {path for path in stages if path.startswith(("loader/dataset", "first_batch/dataset"))}
         assert calls(sw, "dataset/decode") == 8 and calls(sw, "dataset/normalize") == 8, workers
+        assert calls(sw, "dataset/resize") == 8, workers
     assert rows[0] == rows[2]
     assert not stepwatch.summary().phases  # the module-level stopwatch, off, recorded nothing of its own
 

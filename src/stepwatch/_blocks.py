@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._constants import FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OTHER, OVERFLOW
@@ -27,14 +28,19 @@ _RESERVED = {OTHER: "the time a parent's blocks do not cover", OVERFLOW: "stages
 
 
 class Block:
-    """A timed block for one stage name; reused for every call, so entering allocates one small tuple."""
+    """A timed block for one stage name; reused for every call, so entering allocates one small tuple.
 
-    __slots__ = ("_clock", "_name", "_sw")
+    ``inside`` lists the threads inside this block opened while the stopwatch was off after having been on
+    (see :class:`DroppedBlock`): a thread's identity once per open call, taken into the thread's stack when
+    stepwatch is switched on again."""
+
+    __slots__ = ("_clock", "_name", "_sw", "inside")
 
     def __init__(self, stopwatch: Stopwatch, name: str) -> None:
         self._sw = stopwatch
         self._name = name
         self._clock = stopwatch.clock
+        self.inside: list[int] = []
 
     def __enter__(self) -> None:
         stacks = self._sw.stacks
@@ -191,34 +197,24 @@ class DeviceBlock(Block):
 
 class DroppedBlock(Block):
     """What every block of a stopwatch switched off after having been on is, until it is switched on again
-    (:meth:`Blocks.follow_switch` changes the blocks' class): it only pushes and pops a dropped frame, so that
-    blocks opened inside it never show at top level if stepwatch is switched on while it is open, and reads
-    no clock. A dropped block that finds the stopwatch measuring again (it was switched on while this block's
-    class was being changed) becomes its live class and does what that does."""
+    (:meth:`Blocks.follow_switch` changes the blocks' class). It reads no clock, no flag and no stack: it only
+    notes that this thread is inside it (``inside``, a thread identity per open call), which costs no more than
+    ``contextlib.nullcontext()``. When stepwatch is switched on again, each thread's stack is rebuilt with a
+    dropped frame for each block it is still inside (:meth:`Blocks.take_inside`), so that the blocks opened
+    inside them never show at top level. A dropped block that finds no note of its thread on the way out
+    (opened while on, or its note already taken into the thread's stack) closes as its live class would.
+    Entered in the instant between the switch and its class following it, it is dropped with what opens
+    inside it."""
 
     __slots__ = ()
 
     def __enter__(self) -> None:
-        stacks = self._sw.stacks
-        if stacks.measuring is not DROPPING:
-            self.__class__ = live_class(self._sw)  # type: ignore[assignment]
-            return self.__enter__()
-        try:
-            stack = stacks.local.stack
-        except AttributeError:
-            stack = stacks.thread_stack()
-        stack.append((self, DROPPED, 0))
+        self.inside.append(get_ident())
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        stacks = self._sw.stacks
         try:
-            stack = stacks.local.stack
-        except AttributeError:
-            stack = stacks.thread_stack()
-        frame = stack[-1]
-        if frame[0] is self and frame[1] is DROPPED:
-            del stack[-1]
-        else:  # a frame opened by its live class, or one out of order: what the live class does
+            self.inside.remove(get_ident())
+        except ValueError:
             live_class(self._sw).__exit__(self, exc_type, exc, tb)
 
 
@@ -227,33 +223,89 @@ def live_class(sw: Stopwatch) -> type[Block]:
     return DeviceBlock if sw.device is not None else TracedBlock if sw.timeline is not None else Block
 
 
-class Blocks(dict[str, Block]):
-    """The timed blocks of one stopwatch by stage name; a new name is checked once, on first use. Past
-    :data:`MAX_STAGES` names, new ones share one uncached block named :data:`OVERFLOW`."""
+class Blocks:
+    """The timed blocks of one stopwatch. ``by_name`` maps a stage name to its block: a plain dict, read
+    directly by :meth:`Stopwatch.timed <stepwatch.Stopwatch.timed>` (never rebound, cleared in place); a new
+    name is checked once, by :meth:`make`. Past :data:`MAX_STAGES` names, new ones share one uncached block
+    named :data:`OVERFLOW`. ``made`` keeps every block made, those dropped by :meth:`clear` too, since their
+    callers (decorated functions, a block kept in a variable) keep using them."""
 
     def __init__(self, stopwatch: Stopwatch) -> None:
-        super().__init__()
         self._stopwatch = stopwatch
+        self.by_name: dict[str, Block] = {}
+        self.made: list[Block] = []
+        self.dropping = False  # the blocks are dropped blocks (off after having been on)
 
-    def __missing__(self, stage: str) -> Block:
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def make(self, stage: str) -> Block:
+        """The block of a stage name not used before (or the overflow block)."""
         check_name(stage, "stage")
         sw = self._stopwatch
         kind = DroppedBlock if sw.stacks.measuring is DROPPING else live_class(sw)
-        if len(self) >= MAX_STAGES:
-            self._stopwatch.tree.warn_overflow(stage)
-            overflow = dict.get(self, OVERFLOW)
+        by_name = self.by_name
+        if len(by_name) >= MAX_STAGES:
+            sw.tree.warn_overflow(stage)
+            overflow = by_name.get(OVERFLOW)
             if overflow is None:
-                overflow = dict.setdefault(self, OVERFLOW, kind(self._stopwatch, OVERFLOW))
+                overflow = by_name.setdefault(OVERFLOW, self._make(kind, OVERFLOW))
             return overflow
-        return self.setdefault(stage, kind(self._stopwatch, stage))
+        return by_name.setdefault(stage, self._make(kind, stage))
+
+    def clear(self) -> None:
+        """Blocks are made again on next use, of the class a new timeline or device needs."""
+        self.by_name.clear()
+
+    def _make(self, kind: type[Block], stage: str) -> Block:
+        block = kind(self._stopwatch, stage)
+        self.made.append(block)
+        return block
+
+    def take_inside(self, thread: int) -> list[Block]:
+        """The blocks this thread opened while switched off and is still inside, each once per open call;
+        their notes are taken (the thread's stack holds them from now on)."""
+        found = []
+        for block in list(self.made):
+            inside = block.inside
+            while inside and thread in inside:
+                inside.remove(thread)
+                found.append(block)
+        return found
+
+    def threads_inside(self) -> set[int]:
+        """The threads inside a block opened while switched off."""
+        return {thread for block in list(self.made) for thread in list(block.inside)}
+
+    def forget_threads(self, threads: set[int]) -> None:
+        """Threads that ended inside blocks opened while switched off (a generator never finished)."""
+        for block in list(self.made):
+            for thread in [thread for thread in block.inside if thread in threads]:
+                block.inside.remove(thread)
+
+    def forget_inside(self) -> None:
+        """In a forked DataLoader worker: no thread of the parent is inside anything here."""
+        for block in self.made:
+            block.inside.clear()
 
     def follow_switch(self) -> None:
         """After the stopwatch was switched on or off: its blocks are dropped blocks while it is off after
-        having been on, their live class otherwise."""
+        having been on, their live class otherwise; those dropped by ``clear()`` too, since callers keep them."""
         sw = self._stopwatch
-        kind = DroppedBlock if sw.stacks.measuring is DROPPING else live_class(sw)
-        for block in self.values():
+        self.dropping = sw.stacks.measuring is DROPPING
+        kind = DroppedBlock if self.dropping else live_class(sw)
+        for block in self.made:
             block.__class__ = kind
+
+    def lent(self) -> None:
+        """The default stopwatch's blocks while its state is lent to another stopwatch (see
+        ``_default_instance.lent_to``): dropped blocks become their live class, so they record into it. They
+        stay so until the next switch: a live block keeps what the switch guarantees while off, at more cost."""
+        if self.dropping:
+            self.dropping = False
+            kind = live_class(self._stopwatch)
+            for block in self.made:
+                block.__class__ = kind
 
 
 def check_name(name: object, what: str) -> None:

@@ -38,6 +38,7 @@ def lent_to(other: Stopwatch) -> Iterator[None]:
         return
     own = default.__dict__
     default.__dict__ = other.__dict__
+    own["_blocks"].lent()
     try:
         yield
     finally:

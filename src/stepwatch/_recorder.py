@@ -28,7 +28,7 @@ from ._periodic import PeriodicCalls
 from ._results import Results, save_run
 from ._run_span import RunSpan
 from ._schedule import Schedule, as_count, check_steps, check_window, out_path
-from ._stacks import ThreadStacks
+from ._stacks import DROPPING, ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import MAX_TRACE_STEPS, Trace
 from ._tree import DROPPED, StageTree
@@ -120,13 +120,14 @@ class Stopwatch(Results):
         self._phases = self.tree.phases  # a handle for count()'s hot path (the tree's own dict, never rebound)
         self.span = RunSpan(clock)
         self.auto_hooks = AutoHooks()
-        self.stacks = ThreadStacks(self.tree, self.span, self.auto_hooks)
+        self._blocks = Blocks(self)
+        self._by_name = self._blocks.by_name  # a handle for timed()'s hot path (never rebound)
+        self.stacks = ThreadStacks(self.tree, self.span, self.auto_hooks, self._blocks)
         self.periodic = PeriodicCalls()
         self.loops = OpenLoops()
         self.workers = WorkerSide(self, self._set_timeline)
         self.device_timer: DeviceTimer | None = None
         self.timeline: Trace | None = None
-        self._blocks = Blocks(self)
         self._gathers = 0  # gather_every's saves so far, naming each gather
         self._stop_gathering: Callable[[], None] | None = None
         self._counter_warned = False
@@ -178,6 +179,8 @@ class Stopwatch(Results):
             self.schedule = schedule
             self._open_device()
             self.span.start()
+            if stacks.measuring is DROPPING:  # each thread's stack is rebuilt with the blocks opened while off
+                stacks.drop_open_frames()
             stacks.enabled = True
             stacks.was_enabled = True
             stacks.update_flags()
@@ -297,7 +300,9 @@ class Stopwatch(Results):
         parent's uncovered time shows as ``<parent>/other``.
         """
         try:
-            return self._blocks[stage]
+            return self._by_name[stage]
+        except KeyError:
+            return self._blocks.make(stage)
         except TypeError:  # unhashable
             check_name(stage, "stage")
             raise

@@ -11,13 +11,14 @@ them are dropped with them, and no thread sees a stack in the middle of being ch
 from __future__ import annotations
 
 import threading
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from ._constants import DEFAULT_PHASE
 from ._tree import DROPPED, LOOP, Frame, Node, StageTree, dropped_copy, fold
 
 if TYPE_CHECKING:
-    from ._blocks import Block
+    from ._blocks import Block, Blocks
     from ._recorder import AutoHooks
     from ._run_span import RunSpan
     from ._trace import Trace
@@ -37,8 +38,9 @@ class ThreadStacks:
     :meth:`set_window`). The lock is the stage tree's (``tree.lock``): the two change together.
     """
 
-    def __init__(self, tree: StageTree, span: RunSpan, auto_hooks: AutoHooks) -> None:
+    def __init__(self, tree: StageTree, span: RunSpan, auto_hooks: AutoHooks, blocks: Blocks) -> None:
         self.tree = tree
+        self.blocks = blocks  # the threads inside blocks opened while switched off, taken into their stacks
         self.span = span  # counts the blocks dropped by unwinding
         self.auto_hooks = auto_hooks  # ends auto-instrumentation's evaluation loop when unwinding
         self.timeline: Trace | None = None  # the recorder's, bounded when a stage folds
@@ -56,6 +58,7 @@ class ThreadStacks:
         self.by_thread = {}
         self.before_switch = {}
         self.local = threading.local()
+        self.blocks.forget_inside()
         self.enabled = False
         self.in_window = True
 
@@ -87,6 +90,8 @@ class ThreadStacks:
                     roots = [self.tree.phase_of_root.get(frame[1]) for frame in stack[1:] if frame[0] is None]
                     if roots and roots[-1] is not None:
                         local.phase = roots[-1]
+                if self.was_enabled:  # blocks opened while switched off and still open: dropped frames
+                    stack.extend((block, DROPPED, 0) for block in self.blocks.take_inside(ident))
                 local.stack = stack
                 self.by_thread[ident] = stack
         return stack
@@ -112,12 +117,16 @@ class ThreadStacks:
 
     def blocks_open(self) -> bool:
         """Whether any thread has a timed block open (checked only when the measured window closes)."""
-        if self.before_switch:
+        inside = self.blocks.threads_inside()
+        if self.before_switch or inside:
             alive = {thread.ident for thread in threading.enumerate()}
             for ident in [ident for ident in self.before_switch if ident not in alive]:
                 del self.before_switch[ident]
+            if not inside <= alive:
+                self.blocks.forget_threads(inside - alive)
+                inside &= alive
         stacks = [*self.by_thread.values(), *self.before_switch.values()]
-        return any(frame[0] is not None and frame[0] is not LOOP for stack in stacks for frame in stack)
+        return bool(inside) or any(frame[0] is not None and frame[0] is not LOOP for stack in stacks for frame in stack)
 
     def fold(self, node: Node) -> None:
         """A stage's buffer of recent measurements is full: fold it into the totals (under the lock). A dropped
@@ -156,8 +165,10 @@ class ThreadStacks:
             for position in range(len(stack) - 1, 0, -1):
                 if stack[position][0] is owner:
                     break
-            else:
-                return  # opened outside the measured window
+            else:  # opened outside the measured window, or as a dropped block an instant after a switch
+                if get_ident() in owner.inside:
+                    owner.inside.remove(get_ident())
+                return
             above = stack[position + 1 :]
             self.span.dropped_blocks += sum(1 for frame in [stack[position], *above] if frame[1] is not DROPPED)
             stack[position:] = [dropped_copy(frame) for frame in above]
