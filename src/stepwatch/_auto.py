@@ -384,6 +384,9 @@ class AutoSession:
 
 def batch_size(batch: Any, depth: int = 0) -> int | None:
     """The samples in a batch: the first dimension of its first tensor or array (in a tuple, list or dict)."""
+    kind = type(batch)
+    if kind is list or kind is tuple:  # first: a failed getattr on a list costs an exception
+        return batch_size(batch[0], depth + 1) if batch and depth < 3 else None
     shape = getattr(batch, "shape", None)
     if shape is not None:
         try:

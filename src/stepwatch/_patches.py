@@ -89,7 +89,13 @@ def wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             current.end_evaluation()
         current.training_blocks += 1
         current.found.backward = True
-        return _timed("backward", original, *args, **kwargs)
+        block = current.sw.timed("backward")
+        current.busy += 1  # (``_timed``, inlined: once a step)
+        try:
+            with block:
+                return original(*args, **kwargs)
+        finally:
+            current.busy -= 1
 
     return backward
 
@@ -98,13 +104,24 @@ def wrap_zero_grad(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def zero_grad(*args: Any, **kwargs: Any) -> Any:
         current = session
-        if not _timing(current):
-            return original(*args, **kwargs)
-        assert current is not None
-        current.training_call()
+        if (
+            current is None
+            or current.busy
+            or current.loop_thread != get_ident()
+            or current.sw.stacks.measuring is not True
+        ):
+            return original(*args, **kwargs)  # (``_timing``, inlined: once a step)
+        if current.evaluation is not None:
+            current.end_evaluation()
         current.found.zero_grad = True
         current.zero_grads += 1
-        return _timed("zero_grad", original, *args, **kwargs)
+        block = current.sw.timed("zero_grad")
+        current.busy += 1
+        try:
+            with block:
+                return original(*args, **kwargs)
+        finally:
+            current.busy -= 1
 
     return zero_grad
 
@@ -155,11 +172,14 @@ def wrap_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
 def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     """Torch's global hook before every ``Optimizer.step``: opens the ``optimizer`` block."""
     current = session
-    if not _timing(current):
-        return
-    assert current is not None
-    current.training_call()
-    current.found.optimizers.setdefault(type(optimizer).__name__, None)
+    if current is None or current.busy or current.loop_thread != get_ident() or current.sw.stacks.measuring is not True:
+        return  # (``_timing``, inlined: once a step)
+    if current.evaluation is not None:
+        current.end_evaluation()
+    optimizers = current.found.optimizers
+    name = type(optimizer).__name__
+    if name not in optimizers:
+        optimizers[name] = None
     block = current.sw.timed("optimizer")
     block.__enter__()
     current.open_blocks.append(block)
