@@ -15,6 +15,7 @@ PUBLIC = {
     "FormatError",
     "PhaseSummary",
     "StageStats",
+    "StoppedByStepwatch",  # what the training loop raises when stop=True ends the program (a SystemExit, code 0)
     "Stopwatch",
     "Summary",
     "__version__",

@@ -350,6 +350,22 @@ def test_torchrun_stepwatch_run_reports_all_ranks_and_survives_a_rank_that_dies(
     assert "no straggler" in result.stderr
 
 
+@pytest.mark.slow
+def test_torchrun_stepwatch_run_stop_ends_every_rank_after_its_window(tmp_path: Path) -> None:
+    """``torchrun -m stepwatch run --active N --stop``: each rank stops after its own window, with exit status 0;
+    rank 0 gathers every rank's run then, and reports once."""
+    script = str(PROGRAMS / "ddp_job.py")
+    options = ["--warmup", "1", "--active", "4", "--stop", "-o", "stop.json"]
+    result = torchrun(tmp_path, 2, "-m", "stepwatch", "run", *options, script, "--sleep-reads")
+    assert result.returncode == 0, result.stderr[-3000:]
+    gathered = load_ranks(tmp_path / "stop.json")
+    assert [run.metadata["rank"] for run in gathered.runs] == [0, 1] and not gathered.missing
+    assert all(run.main_phase.steps == 4 for run in gathered.runs)
+    assert result.stderr.count("the measured window closed at step 5; stopping the program") == 1  # rank 0's
+    assert result.stderr.count("stepwatch · all ranks · train") == 1 and "Traceback" not in result.stderr
+    assert "stopped the program at step 5, after the report above" in result.stderr
+
+
 def job_file(path: Path, forward_ms: list[int], clock: FakeClock) -> None:
     """An all-ranks file of one rank per entry of ``forward_ms``, on a controlled clock (2 samples a step)."""
     save_ranks(rank_runs(clock, forward_ms, steps=5), path)

@@ -200,3 +200,20 @@ def test_every_run_is_saved_and_undone_whether_it_fails_or_the_profiler_is_reuse
     lightning_train.train(reused, max_steps=2)  # a second Trainer
     assert stepwatch.load(tmp_path / "pl.fit3.json").phases["train"].steps == 3
     assert not stepwatch.is_enabled() and torch.utils.data.DataLoader.__iter__ is original_iter
+
+
+def test_stop_ends_the_fit_once_the_window_is_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``StepwatchProfiler(active=N, stop=True)``: Lightning's own ``should_stop`` ends the fit after the window;
+    the fit ends as usual (its report and saved run), long before ``max_steps``."""
+    profiler = StepwatchProfiler(out=tmp_path / "pl.json", warmup=1, active=5, stop=True)
+    _, trainer = lightning_train.train(profiler, max_steps=20)
+    assert trainer.should_stop and trainer.global_step < 20
+    summary = stepwatch.load(tmp_path / "pl.json")
+    assert isinstance(summary, Summary) and summary.phases["train"].steps == 5
+    assert "the measured window closed at step 6: ending the training" in capsys.readouterr().err
+    assert stepwatch._default.window_end.stop_with is None  # left as it was found
+
+
+def test_stop_needs_a_window_that_closes() -> None:
+    with pytest.raises(ValueError, match="stop needs active"):
+        StepwatchProfiler(stop=True)

@@ -190,3 +190,16 @@ def test_a_failing_train_saves_its_part_and_attach_twice_or_train_twice_count_on
     twice.detach()
     twice.detach()  # twice is harmless
     assert not stepwatch.is_enabled()
+
+
+def test_stop_ends_train_once_the_window_is_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``stepwatch.enable(active=N, stop=True)`` before ``attach``: the Trainer's own control ends ``train``
+    after the window; the run is saved and reported as at any end of ``train``."""
+    stepwatch.enable(warmup=1, active=4, stop=True)
+    trainer = hf_train.make_trainer(tmp_path / "out", max_steps=12)
+    attachment = attach(trainer)
+    trainer.train()
+    assert trainer.state.global_step < 12
+    assert attachment.summary is not None and attachment.summary.phases["train"].steps == 4
+    assert "the measured window closed at step 5: ending the training" in capsys.readouterr().err
+    assert stepwatch._default.window_end.stop_with is None

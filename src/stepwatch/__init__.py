@@ -23,6 +23,7 @@ from ._recorder import Stopwatch
 from ._render import FORMATS
 from ._run_file import FormatError
 from ._summary import PhaseSummary, Summary
+from ._window_end import StoppedByStepwatch
 
 __all__ = [
     "AllRanks",
@@ -30,6 +31,7 @@ __all__ = [
     "FormatError",
     "PhaseSummary",
     "StageStats",
+    "StoppedByStepwatch",
     "Stopwatch",
     "Summary",
     "__version__",

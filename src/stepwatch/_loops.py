@@ -215,6 +215,8 @@ def iterate(
                 in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
                 if in_window != stacks.in_window:
                     stacks.set_window(in_window)
+                    if not in_window and main and index > warmup and schedule.closes:
+                        sw.window_end.closed(sw, index)  # the last measured step ended: report, save, stop
                 elif stacks.hot and not stacks.measuring:  # a block that spanned the window's end is done?
                     stacks.update_flags()
                 if every and index:

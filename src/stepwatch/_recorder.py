@@ -32,6 +32,7 @@ from ._stacks import DROPPING, ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import MAX_TRACE_STEPS, Trace
 from ._tree import DROPPED, StageTree
+from ._window_end import WindowEnd, check_stop
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
@@ -67,6 +68,8 @@ class Stopwatch(Results):
         nvtx: push an NVTX range per stage, so Nsight Systems shows the same stages by name.
         memory: ``"step"`` (default) tracks the device's peak memory per step, with one read of the allocator's
             statistics per step; ``"stage"`` per timed block too, at two reads per block.
+        stop: end the program when the measured window closes (``active`` steps, no ``every``), after its report,
+            as ``sys.exit(0)`` would (see ``_window_end``).
         trace_steps: keep the timeline (start and duration of every block, DataLoader workers' included) of
             the last this many measured steps, for ``stepwatch export run.json -o trace.json``. Off by default.
         clock: a nanosecond clock; tests inject a controllable one.
@@ -100,9 +103,12 @@ class Stopwatch(Results):
         nvtx: bool = False,
         memory: str = "step",
         trace_steps: int | None = None,
+        stop: bool = False,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.schedule = Schedule(warmup, active, every)
+        self.window_end = WindowEnd()
+        self.window_end.stop = check_stop(stop, self.schedule)
         if (sync or nvtx) and device is None:
             raise ValueError("sync and nvtx need a device, e.g. Stopwatch(device='cuda', sync=True)")
         if not callable(clock):
@@ -146,6 +152,7 @@ class Stopwatch(Results):
         every: int | None = None,
         gather_every: int | None = None,
         trace_steps: int | None = None,
+        stop: bool | None = None,
     ) -> None:
         """Start recording. With ``out``, the run is also saved there at exit, on an uncaught exception and
         on SIGTERM/SIGINT (a relative path is resolved now, not at exit); in a job of several ranks, at exit
@@ -153,7 +160,8 @@ class Stopwatch(Results):
         at ``out``. ``gather_every``: also save so, ranks gathered, every that many steps of the training loop
         (a job killed later keeps them). ``warmup``, ``active`` and ``every``, when given, replace those parts
         of the schedule, and ``trace_steps`` the timeline kept (see :class:`Stopwatch`); the parts not given
-        stay."""
+        stay. ``stop``: end the program when the measured window closes (see :class:`Stopwatch`); when the window
+        closes with ``out``, the run is saved and the report printed on stderr right then."""
         schedule = self.schedule
         if warmup is not None or active is not None or every is not None:
             check_steps(warmup, "warmup", optional=True)
@@ -162,6 +170,7 @@ class Stopwatch(Results):
                 schedule.active if active is None else active,
                 schedule.every if every is None else every,
             )
+        stopping = self.window_end.stop if stop is None else check_stop(stop, schedule)
         path = None if out is None else out_path(out)
         if gather_every is not None:
             check_steps(gather_every, "gather_every", optional=False)
@@ -177,6 +186,7 @@ class Stopwatch(Results):
             if gather_every is not None:
                 self._stop_gathering = self.periodic.add(gather_every, self._save_during_run, "gather_every")
             self.schedule = schedule
+            self.window_end.stop = stopping
             self._open_device()
             self.span.start()
             if stacks.measuring is DROPPING:  # each thread's stack is rebuilt with the blocks opened while off
@@ -286,6 +296,7 @@ class Stopwatch(Results):
 
     def _clear_run(self) -> None:
         self.span.clear()
+        self.window_end.clear()
         self.workers.nodes.clear()  # the nodes' "ran in workers" marks are cleared: found again from reports
         if self.timeline is not None:
             self.timeline.clear()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 _VALUED = {"-o", "--out", "--warmup", "--active", "--every", "--device", "--val-phase", "--trace-steps"}
-_FLAGS = {"-q", "--quiet", "-h", "--help"}
+_FLAGS = {"-q", "--quiet", "-h", "--help", "--stop"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="also keep the timeline of the last N steps, for stepwatch export run.json -o trace.json",
+    )
+    parser.add_argument(
+        "--stop",
+        action="store_true",
+        help="with --active: end the program (exit status 0, run saved) once the window is measured and reported;"
+        " the training it ran was for measuring only",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no report on stderr (the run is still saved)")
     return parser
@@ -78,6 +84,9 @@ def main(arguments: Sequence[str]) -> int:
         args = parser.parse_args(own)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+    if args.stop and (args.active is None or args.every is not None):
+        print("stepwatch run: --stop needs --active N (a window that closes)", file=sys.stderr)
+        return 2
     if args.module is None and not program:
         parser.print_usage(sys.stderr)
         print("stepwatch run: give a script to run, or -m module", file=sys.stderr)
@@ -102,7 +111,9 @@ def main(arguments: Sequence[str]) -> int:
             active=args.active,
             every=args.every,
             trace_steps=args.trace_steps,
+            stop=args.stop,
         )
+        _default.window_end.report = not args.quiet
         auto(val_phase=args.val_phase, device=args.device)
     except (ValueError, OSError) as error:
         print(f"stepwatch run: {error}", file=sys.stderr)

@@ -131,6 +131,13 @@ def _print_report(stopwatch: Stopwatch, gathered: AllRanks | None) -> None:
 
         if not is_rank_zero():
             return
+        from ._window_end import end_line
+
+        line = end_line(stopwatch)
+        if line is not None:  # the report was printed when the window closed
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            return
         text = stopwatch.report()
         written = None if stopwatch.out is None else rank_path(stopwatch.out)
         if stopwatch.out is not None and written is not None and os.path.exists(written):

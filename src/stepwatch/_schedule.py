@@ -52,6 +52,11 @@ class Schedule:
             if self.every < max(self.active, 1):
                 raise ValueError(f"every ({self.every}) must be at least active ({self.active}) and positive")
 
+    @property
+    def closes(self) -> bool:
+        """Whether the measured window closes for good (``active`` steps, no ``every``)."""
+        return self.active is not None and self.every is None
+
     def measures(self, position: int) -> bool:
         """Whether the step at ``position`` (counted after warm-up) is measured."""
         if self.active is None:

@@ -23,6 +23,7 @@ DataLoaders are instrumented when Lightning iterates them, so what their workers
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -38,7 +39,9 @@ from .._external_loops import Beats, set_base_phase
 from .._job import in_job
 from .._patches import Patches
 from .._results import save_run
+from .._schedule import Schedule
 from .._summary import Summary
+from .._window_end import check_stop
 from ._lightning_actions import GROUPS, PREDICT, STAGES, TEST, TRANSPARENT, parse, record, safe
 
 try:
@@ -65,6 +68,8 @@ class StepwatchProfiler(Profiler):
             directory.
         warmup, active, every: the measuring window, as for ``stepwatch.enable()``.
         val_phase: the name of the validation phase.
+        stop: with ``active``: end the fit once the window is measured (``Trainer.should_stop``); the report
+            comes at the end of the fit, as always.
     """
 
     def __init__(
@@ -75,8 +80,14 @@ class StepwatchProfiler(Profiler):
         active: int | None = None,
         every: int | None = None,
         val_phase: str = "val",
+        stop: bool = False,
     ) -> None:
+        stop = check_stop(
+            stop, Schedule(warmup or 0, active, every)
+        )  # before Profiler.__init__: its __del__ tears down
         super().__init__()
+        self._stop = stop
+        self._trainer: Any = None  # the trainer running now, found by setup
         self.out = None if out is None else os.fspath(out)
         self.val_phase = val_phase
         self._schedule = (warmup, active, every)
@@ -101,6 +112,10 @@ class StepwatchProfiler(Profiler):
         self._guard: Any = None  # the callback that hears of a run failing (Lightning then calls no teardown)
         self._guarded: list[Any] | None = None  # the callbacks of the trainer it was added to
 
+    def __del__(self) -> None:
+        if "_guarded" in self.__dict__:  # Lightning's __del__ tears down: not a profiler whose __init__ raised
+            super().__del__()
+
     # -- Lightning's profiler interface ----------------------------------------------------------------------
 
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
@@ -118,8 +133,10 @@ class StepwatchProfiler(Profiler):
             self._schedule_before = _default.schedule
             warmup, active, every = self._schedule
             _default.reset()  # what it holds is an earlier run's, saved then: this run starts empty
-            _default.enable(warmup=warmup, active=active, every=every)
+            _default.enable(warmup=warmup, active=active, every=every, stop=self._stop)
             self._enabled_here = True
+            if self._stop and self._trainer is not None:
+                _default.window_end.stop_with = functools.partial(_stop_fit, self._trainer)
         # validate, test or predict alone: its hooks outside the loop are that phase's, and there is no train phase
         if getattr(stage, "value", stage) != "fit" and self._base_before is None:
             self._base_before = set_base_phase(_default, self._evaluation_phase())
@@ -342,6 +359,7 @@ class StepwatchProfiler(Profiler):
             if type(candidate).__name__ == "Trainer" or any(c.__name__ == "Trainer" for c in type(candidate).__mro__):
                 trainer = candidate
                 break
+        self._trainer = trainer
         callbacks = getattr(trainer, "callbacks", None)
         if not isinstance(callbacks, list):
             return
@@ -378,6 +396,7 @@ class StepwatchProfiler(Profiler):
         if self._enabled_here:
             _default.disable()
             _default.schedule = self._schedule_before  # the default stopwatch as it was
+            _default.window_end.stop, _default.window_end.stop_with = False, None
             self._enabled_here = False
         if not crashed and self._guarded is not None:  # (a failing run is still walking its callbacks)
             self._guarded[:] = [callback for callback in self._guarded if callback is not self._guard]
@@ -398,6 +417,12 @@ class _OnException(Callback):
 
 _GUARD = f"]{_OnException.__qualname__}."
 """How the actions of that callback's hooks are named (``[Callback]_OnException.on_train_batch_start``)."""
+
+
+def _stop_fit(trainer: Any) -> None:
+    """The measured window closed with ``stop``: the fit ends after this step, as Lightning's own early stopping
+    ends it."""
+    trainer.should_stop = True
 
 
 def _render(summary: Summary) -> str:

@@ -184,6 +184,12 @@ class Attachment:
             _default.reset()  # what it holds is an earlier run's, saved then: this run starts empty
             _default.enable()
             self.enabled_here = True
+        _default.window_end.stop_with = self.stop_training  # stepwatch.enable(active=N, stop=True) ends train()
+
+    def stop_training(self) -> None:
+        """The measured window closed with ``stop``: the Trainer ends ``train`` after this step, as a callback
+        setting ``control.should_training_stop`` would."""
+        self.trainer.control.should_training_stop = True
 
     def finish(self, crashed: bool = False) -> None:
         """At the end of ``train``, however it ends (normally, an exception, Ctrl-C): closes the loop, saves
@@ -201,6 +207,7 @@ class Attachment:
             if is_rank_zero():
                 sys.stderr.write(end_report(_default.report(), written, gathered, out))
         self.take_off_loaders()
+        _default.window_end.stop_with = None
         if self.enabled_here:
             _default.disable()
             self.enabled_here = False
