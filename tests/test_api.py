@@ -11,6 +11,7 @@ from .conftest import PYTHON, subprocess_env
 
 PUBLIC = {
     "AllRanks",  # what load() returns for an all-ranks file, and summary(ranks="all") on rank 0
+    "Compared",  # what compare() returns: two runs side by side, displayed as a table in a notebook
     "ConfigError",
     "FormatError",
     "PhaseSummary",
@@ -20,6 +21,7 @@ PUBLIC = {
     "Summary",
     "__version__",
     "auto",
+    "compare",
     "count",
     "disable",
     "enable",

@@ -13,20 +13,24 @@ The module-level functions use one default :class:`Stopwatch`; create more for i
 
 from __future__ import annotations
 
-from . import _default_instance
+from . import _default_instance, _display
 from ._all_ranks import AllRanks, load
 from ._autostart import auto
+from ._compared import Compared
+from ._compared import compare_runs as compare
 from ._config import ConfigError, auto_from_env, enabled_from_env, out_from_env
 from ._dataloader.in_workers import TimedTransform as timed_transform
 from ._figures import StageStats
 from ._recorder import Stopwatch
 from ._render import FORMATS
+from ._render import notebook as _notebook
 from ._run_file import FormatError
 from ._summary import PhaseSummary, Summary
 from ._window_end import StoppedByStepwatch
 
 __all__ = [
     "AllRanks",
+    "Compared",
     "ConfigError",
     "FormatError",
     "PhaseSummary",
@@ -36,6 +40,7 @@ __all__ = [
     "Summary",
     "__version__",
     "auto",
+    "compare",
     "count",
     "disable",
     "enable",
@@ -64,6 +69,10 @@ except Exception:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
 _default = _default_instance.stopwatch = Stopwatch()
+
+_display.register(Summary, _notebook.render_text, _notebook.summary_html)
+_display.register(AllRanks, AllRanks.render, _notebook.ranks_html)
+_display.register(Compared, _notebook.compared_text, _notebook.compared_html)
 
 enable = _default.enable
 disable = _default.disable

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import _display
 from ._job import all_ranks_path
 from ._run_file import SCHEMA, FormatError, parse_summary, read_document, save_ranks
 
@@ -45,6 +46,13 @@ class AllRanks:
 
             text += missing_line(self.missing) + "\n"
         return text
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the all-ranks tables, the straggler verdict and rank 0's report (no plots)."""
+        return _display.html_of(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        _display.pretty(self, printer, cycle)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the all-ranks file that ``stepwatch report`` and ``stepwatch compare`` read."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from . import _display
 from ._constants import DEFAULT_PHASE, NS_PER_S, ONE_OFF, OTHER
 from ._device import OutOfMemory
 
@@ -163,6 +164,17 @@ class Summary:
         """The phase ``name``, or an empty one of that name when this run has none (to compare like with like)."""
         phase = self.phases.get(name)
         return phase if phase is not None else PhaseSummary(name, {}, {}, 0, 0)
+
+    def render(self) -> str:
+        """The text report, as ``stepwatch report`` prints it."""
+        return _display.text_of(self)
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the report's tables and verdict (:mod:`stepwatch._display`)."""
+        return _display.html_of(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        _display.pretty(self, printer, cycle)
 
     @property
     def verdict(self) -> Verdict:

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ._analysis import common_phases, compare
-from ._ranks import compare_ranks, merge_ranks
-from ._render import FORMATS, format_for_path, render_comparison, render_ranks_comparison
+from ._compared import compare_runs
+from ._ranks import merge_ranks
+from ._render import FORMATS, format_for_path
 from ._run_file import FormatError, write_atomically
 from ._summary import Summary
 
@@ -73,31 +73,18 @@ def _compare(args: argparse.Namespace) -> int:
     before_runs, after_runs = _load_runs([args.before]), _load_runs([args.after])
     if before_runs is None or after_runs is None:
         return 2
-    jobs = len(before_runs) > 1 or len(after_runs) > 1  # all-ranks files: the jobs are compared
-    before, after = merge_ranks(before_runs), merge_ranks(after_runs)
-    phases = common_phases(before, after)
-    if not phases:
-        print(
-            f"stepwatch: nothing to compare: {args.before} has phases {', '.join(before.phases) or 'none'},"
-            f" {args.after} has {', '.join(after.phases) or 'none'}",
-            file=sys.stderr,
-        )
+    try:
+        compared = compare_runs(before_runs, after_runs, (args.before, args.after))
+    except ValueError as error:  # no phase in common
+        print(f"stepwatch: {error}", file=sys.stderr)
         return 2
-    if jobs:
-        of_ranks = [compare_ranks(before_runs, after_runs, phase) for phase in phases]
-        comparisons = [job.job for job in of_ranks]
-    else:
-        comparisons = [compare(before, after, phase) for phase in phases]
+    comparisons = compared.phases
     known = {change.path for comparison in comparisons for change in comparison.stages}
     unknown = [name for name in args.stage if not any(p == name or p.endswith(f"/{name}") for p in known)]
     if unknown:
         print(f"stepwatch: no stage named {', '.join(unknown)} in either run", file=sys.stderr)
         return 2
-    if jobs:
-        texts = [render_ranks_comparison(job, args.before, args.after) for job in of_ranks]
-    else:
-        texts = [render_comparison(c, args.before, args.after) for c in comparisons]
-    sys.stdout.write("\n".join(texts))
+    sys.stdout.write(compared.render())
     if gate is None:
         return 0
     gated = comparisons[0]  # the main phase in common (train when both have it)

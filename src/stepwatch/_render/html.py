@@ -33,12 +33,24 @@ figure { margin: 1em 0; } svg { max-width: 100%; height: auto; }
 def render_html(run: Summary | AllRanks, title: str = "run", plots: bool = True) -> str:
     """The page for one run, or for the ranks of a job (their spread, the straggler, and rank 0's tables);
     ``plots=False`` leaves the plots out (drawing them is most of the time)."""
-    job = None if isinstance(run, Summary) else run
-    summary = run if isinstance(run, Summary) else run.runs[0]
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>stepwatch · {escape(title)}</title><style>{STYLE}</style></head><body>",
+        *content(run, title),
+    ]
+    if plots:
+        parts.append(_plots(run))
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def content(run: Summary | AllRanks, title: str) -> list[str]:
+    """The report's title, what was measured, the ranks (for a job), the verdict and every phase's tables: the
+    page's body without its plots, which a notebook shows too (``_render.notebook``)."""
+    job = None if isinstance(run, Summary) else run
+    summary = run if isinstance(run, Summary) else run.runs[0]
+    parts = [
         f"<h1>stepwatch · {escape(title)}</h1>",
         f'<p class="meta">{escape(_meta(summary))}</p>',
     ]
@@ -56,10 +68,7 @@ def render_html(run: Summary | AllRanks, title: str = "run", plots: bool = True)
     parts.append(_verdict(summary))
     for phase in summary.phases.values():
         parts.append(_phase(phase))
-    if plots:
-        parts.append(_plots(run))
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return parts
 
 
 def _meta(summary: Summary) -> str:

@@ -18,14 +18,19 @@ if TYPE_CHECKING:
 MS = 1e3
 
 
-def _ms(seconds: float) -> str:
+def format_ms(seconds: float) -> str:
+    """Seconds as milliseconds, as every report shows them (3 decimals below 10 ms, else 2)."""
     if math.isnan(seconds):
         return "-"
     return f"{seconds * MS:.3f}" if seconds * MS < 10 else f"{seconds * MS:.2f}"
 
 
-def _rate(value: float) -> str:
+def format_rate(value: float) -> str:
+    """A rate per second, as every report shows it."""
     return f"{value:,.1f}" if value < 1e4 else f"{value:,.0f}"
+
+
+_ms, _rate = format_ms, format_rate  # the short names this module's tables use
 
 
 def render_text(summary: Summary) -> str:
