@@ -36,6 +36,7 @@ bench: setup
 	$(BIN)/python benchmarks/auto.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/gather.py
+	$(BIN)/python benchmarks/live.py
 
 # what a step executes, counted by Valgrind (needs valgrind; about 25 minutes on 2 cores)
 bench-valgrind: setup

@@ -18,7 +18,7 @@ from ._all_ranks import AllRanks, load
 from ._autostart import auto
 from ._compared import Compared
 from ._compared import compare_runs as compare
-from ._config import ConfigError, auto_from_env, enabled_from_env, out_from_env
+from ._config import ConfigError, auto_from_env, enabled_from_env, live_from_env, out_from_env
 from ._dataloader.in_workers import TimedTransform as timed_transform
 from ._figures import StageStats
 from ._recorder import Stopwatch
@@ -119,6 +119,6 @@ if auto_from_env():
     start_from_env()
 elif enabled_from_env():
     try:
-        _default.enable(out=out_from_env())
+        _default.enable(out=out_from_env(), live=live_from_env() or None)
     except ValueError as _error:  # an unwritable STEPWATCH_OUT: said at start, not after the run
         raise ConfigError(f"STEPWATCH_OUT={out_from_env()!r}: {_error}") from None

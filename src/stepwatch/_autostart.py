@@ -82,10 +82,9 @@ def auto(on: bool = True, *, val_phase: str = VAL_PHASE, device: Any = "auto") -
     check_name(val_phase, "phase")
     if val_phase == DEFAULT_PHASE:
         raise ValueError(f"val_phase must differ from {DEFAULT_PHASE!r}, the phase of loops that run a backward")
-    from ._save_at_exit import _at_end
+    from ._save_at_exit import before_final_save
 
-    if _end_steps not in _at_end:
-        _at_end.append(_end_steps)
+    before_final_save(_end_steps)
     session = AutoSession(default, val_phase, device)
     _patches.session = session
     default.auto_hooks.describe = session.found.describe
@@ -125,13 +124,13 @@ def start_from_env() -> None:
     (else a file named after the program) and print the report when it ends. A process that records
     nothing (a helper launched with the variable inherited) writes nothing."""
     from . import _save_at_exit
-    from ._config import OUT_VARIABLE, out_from_env
+    from ._config import OUT_VARIABLE, live_from_env, out_from_env
 
     default = _default_instance.stopwatch
 
     named = out_from_env()
     try:
-        default.enable(out=named or run_file(*_main_program()))
+        default.enable(out=named or run_file(*_main_program()), live=live_from_env() or None)
     except ValueError as error:  # said now, in one line, not after the run; the program runs unrecorded
         where = f"{OUT_VARIABLE}={named!r}" if named is not None else "the default run file"
         sys.stderr.write(f"stepwatch: {where}: {error}; not recording (set {OUT_VARIABLE} to a writable file)\n")

@@ -39,6 +39,14 @@ def enabled_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     )
 
 
+LIVE_VARIABLE = "STEPWATCH_LIVE"
+
+
+def live_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``STEPWATCH_LIVE`` asks for the live view (1, true, yes, on)."""
+    return environ.get(LIVE_VARIABLE, "").strip().lower() in _TRUE
+
+
 def out_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
     """The autosave path from ``STEPWATCH_OUT``, or None when unset or empty."""
     return environ.get(OUT_VARIABLE) or None

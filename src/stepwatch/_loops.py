@@ -161,6 +161,8 @@ def iterate(
     main = outer and sw.tree.is_main(phase.name)  # warm-up applies to it; evaluation loops measure from step 1
     trace = sw.timeline  # the timeline of recent steps, when kept
     every = sw.periodic.every if main else ()  # what runs every N training steps
+    live = sw.live if main else None  # the live view, drawn between two steps
+    index = 0
     if not outer:
         _check_enclosing(sw, site)
     sites = sw.loops.here()
@@ -183,7 +185,6 @@ def iterate(
         measure_all = schedule.active is None
         warmup = schedule.warmup if main else 0
         iterator = iter(iterable)
-        index = 0
         while True:
             if device is not None:
                 device.before_clock()
@@ -221,6 +222,9 @@ def iterate(
                     stacks.update_flags()
                 if every and index:
                     sw.periodic.tick(every)  # between two steps: in neither, nor in the loop's time
+                    now = clock()
+                if live is not None and now >= live.due_ns and index:
+                    live.draw(now, phase, index)  # the live view, between two steps too
                     now = clock()
             if stacks.measuring and not driven:  # a driven loop has no batch to wait for: no loader row
                 first = index == 0 and own_phase  # a one-off: workers starting, caches filling
@@ -282,6 +286,8 @@ def iterate(
             yield item
     finally:
         end = clock()
+        if live is not None:
+            live.loop_ended(phase, index)
         stack = stacks.thread_stack()
         if wait_frame is not None:  # an exception in next()
             close_frame(sw, stack, wait_frame, end, loop_phase if wait_frame[1] is wait_node else None)

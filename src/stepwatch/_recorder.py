@@ -23,6 +23,7 @@ from ._constants import DEFAULT_PHASE
 from ._dataloader.reports import WorkerSide
 from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
+from ._live import LiveView
 from ._loops import OpenLoops, iterate
 from ._periodic import PeriodicCalls
 from ._results import Results, save_run
@@ -68,6 +69,7 @@ class Stopwatch(Results):
         nvtx: push an NVTX range per stage, so Nsight Systems shows the same stages by name.
         memory: ``"step"`` (default) tracks the device's peak memory per step, with one read of the allocator's
             statistics per step; ``"stage"`` per timed block too, at two reads per block.
+        live: show the live view on stderr while it trains (a panel on a terminal; see ``_live``).
         stop: end the program when the measured window closes (``active`` steps, no ``every``), after its report,
             as ``sys.exit(0)`` would (see ``_window_end``).
         trace_steps: keep the timeline (start and duration of every block, DataLoader workers' included) of
@@ -104,11 +106,14 @@ class Stopwatch(Results):
         memory: str = "step",
         trace_steps: int | None = None,
         stop: bool = False,
+        live: bool = False,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.schedule = Schedule(warmup, active, every)
         self.window_end = WindowEnd()
         self.window_end.stop = check_stop(stop, self.schedule)
+        if not isinstance(live, bool):
+            raise ValueError(f"live must be True or False, got {live!r}")
         if (sync or nvtx) and device is None:
             raise ValueError("sync and nvtx need a device, e.g. Stopwatch(device='cuda', sync=True)")
         if not callable(clock):
@@ -121,6 +126,7 @@ class Stopwatch(Results):
         self.nvtx = bool(nvtx)
         self.window = check_window(window)
         self.clock = clock
+        self.live: LiveView | None = LiveView(self) if live else None
         self.out: str | None = None
         self.tree = StageTree(self.window)
         self._phases = self.tree.phases  # a handle for count()'s hot path (the tree's own dict, never rebound)
@@ -153,6 +159,7 @@ class Stopwatch(Results):
         gather_every: int | None = None,
         trace_steps: int | None = None,
         stop: bool | None = None,
+        live: bool | None = None,
     ) -> None:
         """Start recording. With ``out``, the run is also saved there at exit, on an uncaught exception and
         on SIGTERM/SIGINT (a relative path is resolved now, not at exit); in a job of several ranks, at exit
@@ -161,7 +168,8 @@ class Stopwatch(Results):
         (a job killed later keeps them). ``warmup``, ``active`` and ``every``, when given, replace those parts
         of the schedule, and ``trace_steps`` the timeline kept (see :class:`Stopwatch`); the parts not given
         stay. ``stop``: end the program when the measured window closes (see :class:`Stopwatch`); when the window
-        closes with ``out``, the run is saved and the report printed on stderr right then."""
+        closes with ``out``, the run is saved and the report printed on stderr right then. ``live``: show the
+        live view (True) or stop showing it (False)."""
         schedule = self.schedule
         if warmup is not None or active is not None or every is not None:
             check_steps(warmup, "warmup", optional=True)
@@ -171,6 +179,8 @@ class Stopwatch(Results):
                 schedule.every if every is None else every,
             )
         stopping = self.window_end.stop if stop is None else check_stop(stop, schedule)
+        if live is not None and not isinstance(live, bool):
+            raise ValueError(f"live must be True or False, got {live!r}")
         path = None if out is None else out_path(out)
         if gather_every is not None:
             check_steps(gather_every, "gather_every", optional=False)
@@ -187,6 +197,11 @@ class Stopwatch(Results):
                 self._stop_gathering = self.periodic.add(gather_every, self._save_during_run, "gather_every")
             self.schedule = schedule
             self.window_end.stop = stopping
+            if live and self.live is None:
+                self.live = LiveView(self)
+            elif live is False and self.live is not None:
+                self.live.close()
+                self.live = None
             self._open_device()
             self.span.start()
             if stacks.measuring is DROPPING:  # each thread's stack is rebuilt with the blocks opened while off

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 _VALUED = {"-o", "--out", "--warmup", "--active", "--every", "--device", "--val-phase", "--trace-steps"}
-_FLAGS = {"-q", "--quiet", "-h", "--help", "--stop"}
+_FLAGS = {"-q", "--quiet", "-h", "--help", "--stop", "--live"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --active: end the program (exit status 0, run saved) once the window is measured and reported;"
         " the training it ran was for measuring only",
+    )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="show a live panel on the terminal while it trains (a plain line every 30 s off a terminal);"
+        " also STEPWATCH_LIVE=1",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no report on stderr (the run is still saved)")
     return parser
@@ -101,6 +107,7 @@ def main(arguments: Sequence[str]) -> int:
             return 1
     from . import _save_at_exit
     from ._autostart import auto, run_file
+    from ._config import live_from_env
     from ._default_instance import stopwatch as _default
 
     target = args.module if args.module is not None else program[0]
@@ -112,6 +119,7 @@ def main(arguments: Sequence[str]) -> int:
             every=args.every,
             trace_steps=args.trace_steps,
             stop=args.stop,
+            live=True if args.live or live_from_env() else None,
         )
         _default.window_end.report = not args.quiet
         auto(val_phase=args.val_phase, device=args.device)

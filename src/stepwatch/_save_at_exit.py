@@ -79,6 +79,13 @@ def install(stopwatch: Stopwatch, report: bool = False, skip_empty: bool = False
             logger.warning("stepwatch: enabled outside the main thread; runs are not saved on SIGTERM/SIGINT")
 
 
+def before_final_save(callback: Callable[[], None]) -> None:
+    """Runs ``callback`` as the program ends, before the final save and the report (once, however often
+    registered)."""
+    if callback not in _at_end:
+        _at_end.append(callback)
+
+
 def _os_exit(status: int) -> NoReturn:
     """``os._exit`` while runs are to be saved: this process's runs are saved (and reported) first, without
     gathering the ranks (the process ends at once: its own file is what there is), then it ends as asked.

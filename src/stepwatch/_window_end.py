@@ -51,18 +51,20 @@ class WindowEnd:
         self.stop = False  # end the program after the window's report
         self.report = True  # print the report when the window closes (not with stepwatch run --quiet)
         self.stop_with: Callable[[], None] | None = None  # a framework's own way to stop, instead of raising
+        self.closed_at: int | None = None  # the step after which the window closed
         self.reported_at: int | None = None  # the step at which the report was printed (once per run)
         self.stopped_at: int | None = None
 
     def clear(self) -> None:
         """A new run (``reset()``): its window closes anew."""
-        self.reported_at = self.stopped_at = None
+        self.closed_at = self.reported_at = self.stopped_at = None
 
     def closed(self, stopwatch: Stopwatch, step: int) -> None:
         """The window closed after ``step`` steps of the training loop: save and report (with an output path),
         then stop if asked. Never raises but to stop; a failing save or report is one line on the log."""
-        if self.reported_at is not None:
+        if self.closed_at is not None:
             return
+        self.closed_at = step
         if stopwatch.out is not None:
             self.reported_at = step
             gathered = _save(stopwatch)
