@@ -218,3 +218,20 @@ def test_in_tmux_the_panel_updates_and_the_output_and_report_follow(tmp_path: Pa
     assert report < last_panel < end
     assert "window closed at step 32" in screen[last_panel:end]
     assert stepwatch.load(tmp_path / "run.json").phases["train"].steps == 30
+
+
+def test_in_a_job_only_rank_0_shows_it(terminal: Terminal, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks of a torchrun job share one terminal: the other ranks draw nothing."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    sw = Stopwatch(clock=clock)
+    sw.enable()
+    view = sw.live = LiveView(sw, stream=terminal.stream)
+    train(sw, clock, steps=30)
+    view.close()
+    assert terminal.read() == ""
+    monkeypatch.setenv("RANK", "0")
+    other = sw.live = LiveView(sw, stream=terminal.stream)
+    train(sw, clock, steps=3)
+    other.close()
+    assert "stepwatch · train · step" in terminal.read()

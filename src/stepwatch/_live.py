@@ -68,6 +68,9 @@ class LiveView:
         self.due_ns = now_ns + self._every_ns
         step += self._before
         self._last = (phase, step)
+        if self._panel is None and not self._shown_here():
+            self.due_ns = NEVER  # another rank of the job shows it: one panel per terminal
+            return
         try:
             if now_ns >= self._verdict_due_ns and self._judge(phase.name):  # else again at the next redraw
                 took = self._sw.clock() - now_ns
@@ -88,6 +91,12 @@ class LiveView:
             self.due_ns = NEVER
             if self._panel is not None:
                 self._panel.release()
+
+    def _shown_here(self) -> bool:
+        """Whether this process shows the view: rank 0 of a job, or a process outside any job."""
+        from ._job import is_rank_zero
+
+        return is_rank_zero()
 
     def close(self) -> None:
         """The program ends (or stepwatch is told to stop showing): the panel is drawn a last time and left on
