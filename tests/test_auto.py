@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
 from stepwatch import _patches
-from stepwatch._auto import batch_size
+from stepwatch._batch_size import batch_size
 from stepwatch._patches import moves_to_device
 
 from .conftest import PYTHON, subprocess_env

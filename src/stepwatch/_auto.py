@@ -16,12 +16,13 @@ import logging
 import multiprocessing
 import sys
 import weakref
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator
 from threading import get_ident
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import _patches
+from ._batch_size import batch_size
 from ._constants import DEFAULT_PHASE, VAL_PHASE
 from ._external_loops import DrivenLoop, is_empty, rename_phase
 from ._module_calls import ModuleCalls
@@ -380,26 +381,6 @@ class AutoSession:
         except Exception as error:  # device timing is extra: the program runs on without it
             self.found.device = None
             logger.warning("stepwatch: no device timing on %s: %s", device, error)
-
-
-def batch_size(batch: Any, depth: int = 0) -> int | None:
-    """The samples in a batch: the first dimension of its first tensor or array (in a tuple, list or dict)."""
-    kind = type(batch)
-    if kind is list or kind is tuple:  # first: a failed getattr on a list costs an exception
-        return batch_size(batch[0], depth + 1) if batch and depth < 3 else None
-    shape = getattr(batch, "shape", None)
-    if shape is not None:
-        try:
-            return int(shape[0]) if len(shape) else None
-        except (TypeError, ValueError):
-            return None
-    if depth < 3:
-        if isinstance(batch, (list, tuple)) and batch:
-            return batch_size(batch[0], depth + 1)
-        if isinstance(batch, Mapping):
-            for value in batch.values():
-                return batch_size(value, depth + 1)
-    return None
 
 
 def _site(frame: Any) -> tuple[Any, ...]:

@@ -10,16 +10,14 @@ checkpointing in ``_checkpoint``, the DataLoader workers' side in ``_dataloader.
 from __future__ import annotations
 
 import logging
-import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_loop_names, check_name
-from ._constants import DEFAULT_PHASE
+from ._counters import add_counts
 from ._dataloader.reports import WorkerSide
 from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
@@ -28,18 +26,15 @@ from ._loops import OpenLoops, iterate
 from ._periodic import PeriodicCalls
 from ._results import Results, save_run
 from ._run_span import RunSpan
-from ._schedule import Schedule, as_count, check_steps, check_window, out_path
+from ._schedule import Schedule, check_steps, check_window, out_path
 from ._stacks import DROPPING, ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import MAX_TRACE_STEPS, Trace
-from ._tree import DROPPED, StageTree
+from ._tree import StageTree
 from ._window_end import WindowEnd, check_stop
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
-
-COUNTER_LIMIT = sys.float_info.max
-"""Counters saturate here, so that what was counted can always be saved and reported."""
 
 
 @dataclass
@@ -129,7 +124,6 @@ class Stopwatch(Results):
         self.live: LiveView | None = LiveView(self) if live else None
         self.out: str | None = None
         self.tree = StageTree(self.window)
-        self._phases = self.tree.phases  # a handle for count()'s hot path (the tree's own dict, never rebound)
         self.span = RunSpan(clock)
         self.auto_hooks = AutoHooks()
         self._blocks = Blocks(self)
@@ -142,7 +136,6 @@ class Stopwatch(Results):
         self.timeline: Trace | None = None
         self._gathers = 0  # gather_every's saves so far, naming each gather
         self._stop_gathering: Callable[[], None] | None = None
-        self._counter_warned = False
         if trace_steps is not None:
             self._keep_trace(trace_steps)
         self._clear_run()
@@ -367,44 +360,4 @@ class Stopwatch(Results):
         check_loop_names(stage, body, phase)
         return WatchedLoader(loader, self, stage, body, phase, loaders)
 
-    def count(self, **units: float) -> None:
-        """Add to the counters of the current phase, e.g. ``count(samples=32, tokens=4096)``.
-
-        Any finite real number is accepted (Python, numpy and 0-d torch scalars), checked the same way whether
-        measuring or not. Throughput is each counter's total over the measured loader+step time; counts made
-        outside the measured window are not added, so they never inflate it.
-        """
-        for value in units.values():
-            if type(value) is not int and not (type(value) is float and math.isfinite(value)):
-                units = {unit: as_count(unit, value) for unit, value in units.items()}
-                break
-        stacks = self.stacks
-        if not stacks.measuring:
-            return
-        local = stacks.local.__dict__  # no AttributeError raised
-        stack = local.get("stack")
-        if stack is None:  # a fresh thread-local after a switch: the stack knows the phase
-            stack = stacks.thread_stack()
-            local = stacks.local.__dict__
-        if stack[-1][1] is DROPPED:  # inside a step dropped by a switch: its time is not counted either
-            return
-        name = local.get("phase", DEFAULT_PHASE)
-        phase = self._phases.get(name) or self.tree.phase(name)
-        if phase.in_first_step:  # the one-off first step: its time is apart, so are its counts
-            return
-        counters = phase.counters
-        with self.tree.count_lock:
-            for unit, value in units.items():
-                try:
-                    total = counters.get(unit, 0) + value
-                except OverflowError:  # a saturated float counter plus a huge int
-                    total = value
-                if not -COUNTER_LIMIT <= total <= COUNTER_LIMIT:
-                    total = COUNTER_LIMIT if total > 0 else -COUNTER_LIMIT
-                    self._warn_counter(unit)
-                counters[unit] = total
-
-    def _warn_counter(self, unit: str) -> None:
-        if not self._counter_warned:
-            self._counter_warned = True
-            logger.warning("stepwatch: counter %r passed %g and stays there", unit, COUNTER_LIMIT)
+    count = add_counts

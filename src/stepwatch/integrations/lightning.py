@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._all_ranks import AllRanks, end_report
-from .._auto import batch_size
+from .._batch_size import batch_size
 from .._constants import DEFAULT_PHASE
 from .._dataloader.watch import instrument_always, uninstrument
 from .._default_instance import stopwatch as _default
@@ -43,19 +43,7 @@ from .._schedule import Schedule
 from .._summary import Summary
 from .._window_end import check_stop
 from ._lightning_actions import GROUPS, PREDICT, STAGES, TEST, TRANSPARENT, parse, record, safe
-
-try:
-    from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.profilers import Profiler
-except ImportError:  # the older package name
-    try:
-        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
-        from pytorch_lightning.profilers import Profiler  # type: ignore[assignment]
-    except ImportError as error:
-        raise ImportError(
-            "stepwatch.integrations.lightning needs Lightning 2.0 or newer: pip install 'stepwatch[lightning]'"
-        ) from error
-
+from ._lightning_base import GUARD_MARK, FailureGuard, Profiler
 
 __all__ = ["StepwatchProfiler"]
 
@@ -82,9 +70,7 @@ class StepwatchProfiler(Profiler):
         val_phase: str = "val",
         stop: bool = False,
     ) -> None:
-        stop = check_stop(
-            stop, Schedule(warmup or 0, active, every)
-        )  # before Profiler.__init__: its __del__ tears down
+        stop = check_stop(stop, Schedule(warmup or 0, active, every))
         super().__init__()
         self._stop = stop
         self._trainer: Any = None  # the trainer running now, found by setup
@@ -109,11 +95,10 @@ class StepwatchProfiler(Profiler):
         self._base_before: str | None = None  # the thread's base phase before an evaluation-only run set it
         self._runs = 0  # trainer runs (fit, validate, test, predict) this profiler recorded
         self._out_given = self.out is not None
-        self._guard: Any = None  # the callback that hears of a run failing (Lightning then calls no teardown)
-        self._guarded: list[Any] | None = None  # the callbacks of the trainer it was added to
+        self._failure = FailureGuard(self._failed)  # hears of a run failing (Lightning then calls no teardown)
 
     def __del__(self) -> None:
-        if "_guarded" in self.__dict__:  # Lightning's __del__ tears down: not a profiler whose __init__ raised
+        if "_failure" in self.__dict__:  # Lightning's __del__ tears down: not a profiler whose __init__ raised
             super().__del__()
 
     # -- Lightning's profiler interface ----------------------------------------------------------------------
@@ -124,7 +109,7 @@ class StepwatchProfiler(Profiler):
         if self._summary is not None:  # reused (fit, then test; a second Trainer): a run of its own
             self._new_run()
         self._runs += 1
-        self._watch_for_failure()
+        self._trainer = self._failure.attach(sys._getframe())
         import torch
 
         if not self._patches.patched(torch.utils.data.DataLoader, "__iter__"):
@@ -142,7 +127,7 @@ class StepwatchProfiler(Profiler):
             self._base_before = set_base_phase(_default, self._evaluation_phase())
 
     def start(self, action_name: str) -> None:
-        if action_name in TRANSPARENT or _GUARD in action_name:
+        if action_name in TRANSPARENT or GUARD_MARK in action_name:
             return
         if action_name.endswith("].train_dataloader_next"):
             self._fetch_started(DEFAULT_PHASE)
@@ -176,7 +161,7 @@ class StepwatchProfiler(Profiler):
         self._closers.setdefault(action_name, []).append(close)
 
     def stop(self, action_name: str) -> None:
-        if _GUARD in action_name:
+        if GUARD_MARK in action_name:
             return
         if action_name in TRANSPARENT:
             if action_name == "run_training_epoch":
@@ -345,30 +330,6 @@ class StepwatchProfiler(Profiler):
         stage = str(getattr(self._stage, "value", self._stage) or "run")
         return f"{stem}.{stage}{self._runs}{extension or '.json'}"
 
-    def _watch_for_failure(self) -> None:
-        """Adds to the trainer that runs now a callback whose ``on_exception`` saves the run and undoes
-        stepwatch: a fit that raises (or is interrupted) gets no ``describe`` or ``teardown`` from Lightning. The
-        trainer is the caller of ``setup`` (``Trainer._run``); without it, the exit hooks still save."""
-        frame = sys._getframe(1)
-        trainer = None
-        for _ in range(6):  # Trainer._run -> setup (a subclass's setup may sit in between)
-            frame = frame.f_back  # type: ignore[assignment]
-            if frame is None:
-                return
-            candidate = frame.f_locals.get("self")
-            if type(candidate).__name__ == "Trainer" or any(c.__name__ == "Trainer" for c in type(candidate).__mro__):
-                trainer = candidate
-                break
-        self._trainer = trainer
-        callbacks = getattr(trainer, "callbacks", None)
-        if not isinstance(callbacks, list):
-            return
-        if self._guard is None:
-            self._guard = _OnException(self)
-        if not any(callback is self._guard for callback in callbacks):
-            callbacks.append(self._guard)
-        self._guarded = callbacks
-
     def _failed(self) -> None:
         self._finish(crashed=True)
 
@@ -398,25 +359,8 @@ class StepwatchProfiler(Profiler):
             _default.schedule = self._schedule_before  # the default stopwatch as it was
             _default.window_end.stop, _default.window_end.stop_with = False, None
             self._enabled_here = False
-        if not crashed and self._guarded is not None:  # (a failing run is still walking its callbacks)
-            self._guarded[:] = [callback for callback in self._guarded if callback is not self._guard]
-            self._guarded = None
-
-
-class _OnException(Callback):
-    """Saves the partial run and undoes stepwatch when a trainer run fails or is interrupted. Its own hooks
-    are not stages (the profiler skips the actions named after it)."""
-
-    def __init__(self, profiler: StepwatchProfiler) -> None:
-        super().__init__()
-        self.profiler = profiler
-
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.profiler._failed()
-
-
-_GUARD = f"]{_OnException.__qualname__}."
-"""How the actions of that callback's hooks are named (``[Callback]_OnException.on_train_batch_start``)."""
+        if not crashed:  # (a failing run is still walking its callbacks)
+            self._failure.detach()
 
 
 def _stop_fit(trainer: Any) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._all_ranks import end_report
-from .._auto import batch_size
+from .._batch_size import batch_size
 from .._constants import DEFAULT_PHASE
 from .._dataloader.find import inner_loader, loader_config
 from .._dataloader.watch import instrument_always, uninstrument

@@ -1,0 +1,74 @@
+"""``count()``: the counters of the current phase (samples, tokens, any unit), added to while measuring.
+
+A counter is a Python number; past :data:`COUNTER_LIMIT` it saturates (said once), so that what was counted can
+always be saved and reported. :func:`add_counts` is :meth:`Stopwatch.count <stepwatch.Stopwatch.count>` itself
+(bound as a method: no call in between on the training loop's path).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import weakref
+from typing import TYPE_CHECKING
+
+from ._constants import DEFAULT_PHASE
+from ._schedule import as_count
+from ._tree import DROPPED
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+logger = logging.getLogger("stepwatch")
+
+COUNTER_LIMIT = sys.float_info.max
+"""Counters saturate here, so that what was counted can always be saved and reported."""
+
+
+def add_counts(self: Stopwatch, **units: float) -> None:
+    """Add to the counters of the current phase, e.g. ``count(samples=32, tokens=4096)``.
+
+    Any finite real number is accepted (Python, numpy and 0-d torch scalars), checked the same way whether
+    measuring or not. Throughput is each counter's total over the measured loader+step time; counts made
+    outside the measured window are not added, so they never inflate it.
+    """
+    for value in units.values():
+        if type(value) is not int and not (type(value) is float and math.isfinite(value)):
+            units = {unit: as_count(unit, value) for unit, value in units.items()}
+            break
+    stacks = self.stacks
+    if not stacks.measuring:
+        return
+    local = stacks.local.__dict__  # no AttributeError raised
+    stack = local.get("stack")
+    if stack is None:  # a fresh thread-local after a switch: the stack knows the phase
+        stack = stacks.thread_stack()
+        local = stacks.local.__dict__
+    if stack[-1][1] is DROPPED:  # inside a step dropped by a switch: its time is not counted either
+        return
+    name = local.get("phase", DEFAULT_PHASE)
+    phase = self.tree.phases.get(name) or self.tree.phase(name)
+    if phase.in_first_step:  # the one-off first step: its time is apart, so are its counts
+        return
+    counters = phase.counters
+    with self.tree.count_lock:
+        for unit, value in units.items():
+            try:
+                total = counters.get(unit, 0) + value
+            except OverflowError:  # a saturated float counter plus a huge int
+                total = value
+            if not -COUNTER_LIMIT <= total <= COUNTER_LIMIT:
+                total = COUNTER_LIMIT if total > 0 else -COUNTER_LIMIT
+                _warn_counter(self, unit)
+            counters[unit] = total
+
+
+_warned: weakref.WeakSet[Stopwatch] = weakref.WeakSet()
+"""The stopwatches that said a counter saturated (once each)."""
+
+
+def _warn_counter(self: Stopwatch, unit: str) -> None:
+    if self not in _warned:
+        _warned.add(self)
+        logger.warning("stepwatch: counter %r passed %g and stays there", unit, COUNTER_LIMIT)
