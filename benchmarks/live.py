@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from overhead import six_stage_training
 
 import stepwatch
 from stepwatch._live import LiveView
@@ -35,12 +35,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "live.json"))
     args = parser.parse_args()
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    batches = [(torch.randn(64, 384), torch.randn(64, 1)) for _ in range(64)]
-    model = nn.Sequential(nn.Linear(384, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    criterion = nn.MSELoss()
+    train = six_stage_training()
 
     master, slave = os.openpty()
     terminal = os.fdopen(slave, "w", buffering=1)
@@ -48,23 +43,7 @@ def main() -> None:
     reader = subprocess.Popen(["cat"], stdin=master, stdout=subprocess.DEVNULL)
 
     def run(sw: stepwatch.Stopwatch) -> float:
-        start = time.perf_counter_ns()
-        for i in sw.timed_iter(range(args.steps)):
-            with sw.timed("unpack"):
-                x, y = batches[i % len(batches)]
-            with sw.timed("h2d"):
-                x, y = x.to("cpu"), y.to("cpu")
-            with sw.timed("forward"):
-                out = model(x)
-            with sw.timed("loss"):
-                loss = criterion(out, y)
-            with sw.timed("backward"):
-                loss.backward()
-            with sw.timed("optimizer"):
-                optimizer.step()
-                optimizer.zero_grad()
-            sw.count(samples=len(y))
-        return (time.perf_counter_ns() - start) / args.steps
+        return train(sw, args.steps)
 
     plain, live = stepwatch.Stopwatch(), stepwatch.Stopwatch()
     plain.enable()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import stepwatch
+from stepwatch._schedule import Schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,10 +90,14 @@ def default_stopwatch_is_left_clean() -> Iterator[None]:
     yield
     leaked_enabled = stepwatch.is_enabled()
     leaked_data = bool(stepwatch.summary().phases)
+    default = stepwatch._default
+    leaked_schedule = default.schedule != Schedule() or default.window_end.stop or default.live is not None
     stepwatch.disable()
     stepwatch.reset()
+    default.schedule, default.window_end.stop, default.live = Schedule(), False, None
     assert not leaked_enabled, "test left the default stopwatch enabled"
     assert not leaked_data, "test left recordings in the default stopwatch"
+    assert not leaked_schedule, "test left the default stopwatch's schedule, stop or live view changed"
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

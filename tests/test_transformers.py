@@ -12,6 +12,7 @@ import pytest
 
 import stepwatch
 from stepwatch._dataloader.in_workers import TimedCollate
+from stepwatch._schedule import Schedule
 from stepwatch.integrations.transformers import attach
 
 from .conftest import PYTHON, subprocess_env
@@ -198,7 +199,12 @@ def test_stop_ends_train_once_the_window_is_measured(tmp_path: Path, capsys: pyt
     stepwatch.enable(warmup=1, active=4, stop=True)
     trainer = hf_train.make_trainer(tmp_path / "out", max_steps=12)
     attachment = attach(trainer)
-    trainer.train()
+    try:
+        trainer.train()
+    finally:  # the default stopwatch's schedule as every other test finds it
+        stepwatch.disable()
+        stepwatch._default.schedule = Schedule()
+        stepwatch._default.window_end.stop = False
     assert trainer.state.global_step < 12
     assert attachment.summary is not None and attachment.summary.phases["train"].steps == 4
     assert "the measured window closed at step 5: ending the training" in capsys.readouterr().err

@@ -140,7 +140,7 @@ def test_run_active_prints_the_report_when_the_window_closes_and_not_again(tmp_p
     assert CLOSED.search(done.stderr) and CLOSED.search(done.stderr).group(1) == "5"  # type: ignore[union-attr]
     assert done.stderr.count("verdict:") == 1
     assert done.stderr.rstrip().endswith(
-        f"the report was printed at step 5, when the window closed; the run is saved to {tmp_path / 'run.json'}"
+        "the report was printed at step 5, when the window closed; the run is saved to run.json"
     )
     assert stepwatch.load(tmp_path / "run.json").phases["train"].steps == 4
 
