@@ -26,6 +26,7 @@ from ._render import FORMATS
 from ._render import notebook as _notebook
 from ._run_file import FormatError
 from ._summary import PhaseSummary, Summary
+from ._tune import tune
 from ._window_end import StoppedByStepwatch
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "timed",
     "timed_iter",
     "timed_transform",
+    "tune",
     "watch",
 ]
 

@@ -1,0 +1,293 @@
+"""``stepwatch.tune(loader, step=fn)``: the DataLoader settings that make this training fastest, measured.
+
+Each setting is tried by building a new DataLoader over the same dataset, batch size, sampler kind, collate
+function, worker init and drop_last, with other ``num_workers`` / ``prefetch_factor``, and running the
+program's own step on :data:`STEPS` of its batches (after its first batch, whose start-up is reported apart).
+So each setting's time per step includes what its workers take from the training (cores, memory bandwidth,
+the main process receiving batches). The search climbs ``num_workers`` from 0 while the time per step improves
+by more than the noise measured (beyond the CPU count when the best workers are seen waiting rather than
+computing), then tries ``prefetch_factor`` for the best, then runs the best and the original once more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, cast
+
+STEPS = 30
+"""Steps measured per setting (after its first batch)."""
+PREFETCH = (4, 8)
+"""``prefetch_factor`` values tried beside torch's default (2), for the best number of workers."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One DataLoader configuration tried."""
+
+    num_workers: int
+    prefetch_factor: int | None = None
+    """None: torch's default (2 with workers)."""
+
+    def arguments(self) -> dict[str, Any]:
+        """The ``DataLoader(...)`` arguments that differ from torch's defaults."""
+        arguments: dict[str, Any] = {"num_workers": self.num_workers}
+        if self.num_workers and self.prefetch_factor not in (None, 2):
+            arguments["prefetch_factor"] = self.prefetch_factor
+        return arguments
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in self.arguments().items())
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One setting measured: the time of each step (the wait for its batch and the step itself), the wait
+    alone, and the first batch (the workers starting), in seconds."""
+
+    setting: Setting
+    step_s: tuple[float, ...]
+    wait_s: tuple[float, ...]
+    first_batch_s: float
+
+    @property
+    def per_step(self) -> float:
+        """The mean time per step: what the training's length comes down to (with workers the steps alternate
+        between batches waiting ready and batches waited for, so the median would flatter them)."""
+        return sum(self.step_s) / len(self.step_s) if self.step_s else float("nan")
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.step_s) if self.step_s else float("nan")
+
+    @property
+    def spread(self) -> float:
+        """The standard deviation of the time per step within the setting."""
+        return statistics.stdev(self.step_s) if len(self.step_s) > 1 else 0.0
+
+    @property
+    def noise(self) -> float:
+        """How far the mean could be off by chance: twice its standard error (about a 95% interval)."""
+        return 2 * self.spread / len(self.step_s) ** 0.5 if len(self.step_s) > 1 else 0.0
+
+    @property
+    def wait_share(self) -> float:
+        total = sum(self.step_s)
+        return sum(self.wait_s) / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What ``tune`` measured: every trial in the order run (the original's and the best's confirmations
+    last), the original setting and the recommended one."""
+
+    original: Setting
+    best: Setting
+    trials: tuple[Trial, ...]
+    kept: tuple[str, ...] = ()
+    """What was kept as the program had it, and why (it could not be rebuilt or tried)."""
+
+    def of(self, setting: Setting) -> Trial:
+        """A setting's figures, its trials pooled."""
+        runs = [trial for trial in self.trials if trial.setting == setting]
+        if not runs:
+            raise KeyError(setting.describe())
+        steps = tuple(value for trial in runs for value in trial.step_s)
+        waits = tuple(value for trial in runs for value in trial.wait_s)
+        return Trial(setting, steps, waits, min(trial.first_batch_s for trial in runs))
+
+    @property
+    def gain(self) -> float:
+        """The best's time per step against the original's, as a fraction (negative: faster)."""
+        before, after = self.of(self.original).per_step, self.of(self.best).per_step
+        return after / before - 1 if before else 0.0
+
+    def recommendation(self) -> str:
+        if self.best == self.original:
+            return f"your settings are already the fastest measured ({self.original.describe()})"
+        before, after = self.of(self.original), self.of(self.best)
+        return (
+            f"DataLoader({self.best.describe()}): {after.per_step * 1e3:.1f} ms per step instead of"
+            f" {before.per_step * 1e3:.1f} ms ({self.gain:+.1%}; each ± {max(before.noise, after.noise) * 1e3:.1f} ms)"
+        )
+
+    def render(self) -> str:
+        settings = list(dict.fromkeys(trial.setting for trial in self.trials))
+        rows = [("setting", "ms/step", "± noise", "p50 ms", "spread ms", "wait %", "first batch ms", "vs yours")]
+        base = self.of(self.original).per_step
+        for setting in settings:
+            pooled = self.of(setting)
+            mark = " (yours)" if setting == self.original else " (best)" if setting == self.best else ""
+            change = "-" if setting == self.original or not base else f"{pooled.per_step / base - 1:+.1%}"
+            rows.append(
+                (
+                    setting.describe() + mark,
+                    f"{pooled.per_step * 1e3:.2f}",
+                    f"{pooled.noise * 1e3:.2f}",
+                    f"{pooled.p50 * 1e3:.2f}",
+                    f"{pooled.spread * 1e3:.2f}",
+                    f"{pooled.wait_share:.1%}",
+                    f"{pooled.first_batch_s * 1e3:.0f}",
+                    change,
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = [
+            "stepwatch tune: the DataLoader settings measured on your own training step (ms/step: the mean, ± twice"
+            " its standard error)"
+        ]
+        for row in rows:
+            lines.append(
+                "  ".join([row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True))])
+            )
+        lines.extend(f"kept as it is: {reason}" for reason in self.kept)
+        lines.append(f"recommended: {self.recommendation()}")
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stepwatch_tune": 1,
+            "original": asdict(self.original),
+            "best": asdict(self.best),
+            "kept": list(self.kept),
+            "trials": [
+                {"setting": asdict(t.setting), "step_s": t.step_s, "wait_s": t.wait_s, "first_batch_s": t.first_batch_s}
+                for t in self.trials
+            ],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(self.to_dict(), file, indent=1)
+            file.write("\n")
+
+
+def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_workers: int | None = None) -> Tuning:
+    """Tries DataLoader settings on ``step(batch)``, the program's own training step, and recommends the fastest
+    (see the module's docstring). ``loader`` is the program's DataLoader (its dataset, batch size, sampler kind,
+    collate function and worker init are kept); ``steps`` batches are timed per setting; ``max_workers``
+    defaults to the CPU count. Raises ValueError for what cannot be tuned (not a map-style DataLoader)."""
+    from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+    if not isinstance(loader, DataLoader):
+        raise ValueError(f"tune needs a torch DataLoader, got {type(loader).__name__}")
+    if isinstance(loader.dataset, IterableDataset):
+        raise ValueError("tune cannot rebuild a DataLoader over an IterableDataset (its sharding is its own)")
+    if not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps must be an integer of at least 2, got {steps!r}")
+    kept = ["pin_memory and persistent_workers, as yours (not tried yet)"]
+    if loader.batch_size is None:
+        raise ValueError("tune cannot rebuild a DataLoader with a batch_sampler of its own")
+    if not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+        kept.append(f"the sampler ({type(loader.sampler).__name__}) is reused as it is")
+    cores = os.cpu_count() or 1
+    limit = max_workers if max_workers is not None else cores
+    original = Setting(loader.num_workers, loader.prefetch_factor if loader.num_workers else None)
+
+    def build(setting: Setting) -> Any:
+        sampler = loader.sampler
+        if isinstance(sampler, RandomSampler):
+            sampler = RandomSampler(cast(Any, loader.dataset))  # a fresh order, as a new epoch's
+        options: dict[str, Any] = {
+            "batch_size": loader.batch_size,
+            "sampler": sampler,
+            "collate_fn": loader.collate_fn,
+            "drop_last": loader.drop_last,
+            "num_workers": setting.num_workers,
+            "pin_memory": loader.pin_memory,
+            "worker_init_fn": loader.worker_init_fn,
+        }
+        if setting.num_workers:
+            options["prefetch_factor"] = setting.prefetch_factor or 2
+            options["multiprocessing_context"] = loader.multiprocessing_context
+        return DataLoader(loader.dataset, **options)
+
+    trials: list[Trial] = []
+
+    def measure(setting: Setting) -> Trial:
+        with warnings.catch_warnings():  # more workers than cores is tried on purpose: torch's warning says so
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            trials.append(_measure(setting, build(setting), step, steps))
+        return trials[-1]
+
+    def better(candidate: Trial, best: Trial) -> bool:
+        """Faster by more than the noise of either."""
+        return best.per_step - candidate.per_step > max(candidate.noise, best.noise)
+
+    best = measure(original)
+    tried = {original}
+    workers, misses, extended = -1, 0, max_workers is not None
+    while misses < 2:  # num_workers: climb from 0 until two settings in a row gain nothing beyond the noise
+        workers = _next_workers(workers)
+        if workers > limit:
+            if extended or best.setting.num_workers != limit or not _waiting(best):
+                break
+            limit, extended = 2 * cores + 2, True  # the best workers still leave the loop waiting: more than cores
+        setting = Setting(workers)
+        if setting in tried:
+            continue
+        tried.add(setting)
+        trial = measure(setting)
+        if better(trial, best):
+            best, misses = trial, 0
+        else:
+            misses += 1
+    if best.setting.num_workers:
+        for factor in PREFETCH:
+            setting = Setting(best.setting.num_workers, factor)
+            if setting not in tried:
+                tried.add(setting)
+                trial = measure(setting)
+                if better(trial, best):
+                    best = trial
+    chosen = best.setting
+    measure(original)  # confirm: the original and the best once more, their trials pooled
+    if chosen != original:
+        measure(chosen)
+    result = Tuning(original, chosen, tuple(trials), tuple(kept))
+    if chosen != original and not better(result.of(chosen), result.of(original)):
+        result = Tuning(original, original, tuple(trials), tuple(kept))  # not confirmed beyond the noise
+    return result
+
+
+def _next_workers(workers: int) -> int:
+    """0, 1, 2, 3, 4, 6, 9, 13, ...: one by one up to 4, then by half again."""
+    return workers + 1 if workers < 4 else workers + workers // 2
+
+
+def _waiting(trial: Trial) -> bool:
+    """Whether the loop still waits for data with that many workers (they wait on I/O rather than compute)."""
+    return trial.wait_share > 0.05
+
+
+def _measure(setting: Setting, loader: Any, step: Callable[[Any], Any], steps: int) -> Trial:
+    """Runs ``step`` on ``steps`` batches of a fresh iterator (after its first batch): the time per step."""
+    clock = time.perf_counter
+    iterator: Iterator[Any] = iter(loader)
+    started = clock()
+    try:
+        first = next(iterator)
+    except StopIteration:
+        raise ValueError("tune needs a DataLoader with at least one batch") from None
+    first_batch = clock() - started
+    step(first)
+    step_s, wait_s = [], []
+    try:
+        for _ in range(steps):
+            before = clock()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            ready = clock()
+            step(batch)
+            step_s.append(clock() - before)
+            wait_s.append(ready - before)
+    finally:
+        del iterator  # its workers end now, not with the next setting's
+    return Trial(setting, tuple(step_s), tuple(wait_s), first_batch)
