@@ -11,12 +11,13 @@ computing), then tries ``prefetch_factor`` for the best, then runs the best and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -167,29 +168,30 @@ class Tuning:
             file.write("\n")
 
 
-def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_workers: int | None = None) -> Tuning:
-    """Tries DataLoader settings on ``step(batch)``, the program's own training step, and recommends the fastest
-    (see the module's docstring). ``loader`` is the program's DataLoader (its dataset, batch size, sampler kind,
-    collate function and worker init are kept); ``steps`` batches are timed per setting; ``max_workers``
-    defaults to the CPU count. Raises ValueError for what cannot be tuned (not a map-style DataLoader)."""
-    from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+class Rebuilder:
+    """Builds a program's DataLoader again with another setting: the same dataset, batch size, sampler kind,
+    collate function, worker init, ``drop_last``, pinning and start method. Raises ValueError, in one line, for a
+    loader it cannot rebuild; ``kept`` says what it keeps as the program has it."""
 
-    if not isinstance(loader, DataLoader):
-        raise ValueError(f"tune needs a torch DataLoader, got {type(loader).__name__}")
-    if isinstance(loader.dataset, IterableDataset):
-        raise ValueError("tune cannot rebuild a DataLoader over an IterableDataset (its sharding is its own)")
-    if not isinstance(steps, int) or steps < 2:
-        raise ValueError(f"steps must be an integer of at least 2, got {steps!r}")
-    kept = ["pin_memory and persistent_workers, as yours (not tried yet)"]
-    if loader.batch_size is None:
-        raise ValueError("tune cannot rebuild a DataLoader with a batch_sampler of its own")
-    if not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
-        kept.append(f"the sampler ({type(loader.sampler).__name__}) is reused as it is")
-    cores = os.cpu_count() or 1
-    limit = max_workers if max_workers is not None else cores
-    original = Setting(loader.num_workers, loader.prefetch_factor if loader.num_workers else None)
+    def __init__(self, loader: Any) -> None:
+        from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-    def build(setting: Setting) -> Any:
+        if not isinstance(loader, DataLoader):
+            raise ValueError(f"tune needs a torch DataLoader, got {type(loader).__name__}")
+        if isinstance(loader.dataset, IterableDataset):
+            raise ValueError("tune cannot rebuild a DataLoader over an IterableDataset (its sharding is its own)")
+        if loader.batch_size is None:
+            raise ValueError("tune cannot rebuild a DataLoader with a batch_sampler of its own")
+        self.loader = loader
+        self.kept = ["pin_memory and persistent_workers, as yours (not tried yet)"]
+        if not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+            self.kept.append(f"the sampler ({type(loader.sampler).__name__}) is reused as it is")
+        self.original = Setting(loader.num_workers, loader.prefetch_factor if loader.num_workers else None)
+
+    def build(self, setting: Setting) -> Any:
+        from torch.utils.data import DataLoader, RandomSampler
+
+        loader = self.loader
         sampler = loader.sampler
         if isinstance(sampler, RandomSampler):
             sampler = RandomSampler(cast(Any, loader.dataset))  # a fresh order, as a new epoch's
@@ -205,24 +207,34 @@ def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_worker
         if setting.num_workers:
             options["prefetch_factor"] = setting.prefetch_factor or 2
             options["multiprocessing_context"] = loader.multiprocessing_context
-        return DataLoader(loader.dataset, **options)
+        with more_workers_than_cores():
+            return DataLoader(loader.dataset, **options)
 
-    trials: list[Trial] = []
 
-    def measure(setting: Setting) -> Trial:
-        with warnings.catch_warnings():  # more workers than cores is tried on purpose: torch's warning says so
-            warnings.filterwarnings("ignore", message="This DataLoader will create")
-            trials.append(_measure(setting, build(setting), step, steps))
-        return trials[-1]
+@contextlib.contextmanager
+def more_workers_than_cores() -> Iterator[None]:
+    """More workers than cores is tried on purpose: torch's warning about it is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        yield
 
-    def better(candidate: Trial, best: Trial) -> bool:
-        """Faster by more than the noise of either."""
-        return best.per_step - candidate.per_step > max(candidate.noise, best.noise)
 
-    best = measure(original)
+def better(candidate: Trial, best: Trial) -> bool:
+    """Faster by more than the noise of either."""
+    return best.per_step - candidate.per_step > max(candidate.noise, best.noise)
+
+
+def plan(original: Setting, max_workers: int | None = None) -> Generator[Setting, Trial, Setting]:
+    """The search, as a generator: it yields the next setting to try and is sent its trial; it returns the
+    setting chosen. ``num_workers`` is climbed from 0 until two settings in a row gain nothing beyond the noise
+    (past the CPU count, up to twice the cores, while the best workers still leave the loop waiting), then
+    ``prefetch_factor`` is tried for the best, then the original and the best are run once more."""
+    cores = os.cpu_count() or 1
+    limit = max_workers if max_workers is not None else cores
+    best = yield original
     tried = {original}
     workers, misses, extended = -1, 0, max_workers is not None
-    while misses < 2:  # num_workers: climb from 0 until two settings in a row gain nothing beyond the noise
+    while misses < 2:
         workers = _next_workers(workers)
         if workers > limit:
             if extended or best.setting.num_workers != limit or not _waiting(best):
@@ -232,7 +244,7 @@ def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_worker
         if setting in tried:
             continue
         tried.add(setting)
-        trial = measure(setting)
+        trial = yield setting
         if better(trial, best):
             best, misses = trial, 0
         else:
@@ -242,17 +254,40 @@ def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_worker
             setting = Setting(best.setting.num_workers, factor)
             if setting not in tried:
                 tried.add(setting)
-                trial = measure(setting)
+                trial = yield setting
                 if better(trial, best):
                     best = trial
-    chosen = best.setting
-    measure(original)  # confirm: the original and the best once more, their trials pooled
-    if chosen != original:
-        measure(chosen)
+    yield original  # confirm: the original and the best once more, their trials pooled
+    if best.setting != original:
+        yield best.setting
+    return best.setting
+
+
+def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str]) -> Tuning:
+    """The tuning: the chosen setting, unless its pooled trials do not beat the original's beyond the noise."""
     result = Tuning(original, chosen, tuple(trials), tuple(kept))
     if chosen != original and not better(result.of(chosen), result.of(original)):
-        result = Tuning(original, original, tuple(trials), tuple(kept))  # not confirmed beyond the noise
+        return Tuning(original, original, tuple(trials), tuple(kept))  # not confirmed
     return result
+
+
+def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_workers: int | None = None) -> Tuning:
+    """Tries DataLoader settings on ``step(batch)``, the program's own training step, and recommends the fastest
+    (see the module's docstring). ``loader`` is the program's DataLoader (its dataset, batch size, sampler kind,
+    collate function and worker init are kept); ``steps`` batches are timed per setting; ``max_workers``
+    defaults to the CPU count. Raises ValueError for what cannot be tuned (not a map-style DataLoader)."""
+    rebuilder = Rebuilder(loader)
+    if not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps must be an integer of at least 2, got {steps!r}")
+    trials: list[Trial] = []
+    search = plan(rebuilder.original, max_workers)
+    setting = next(search)
+    while True:
+        trials.append(_measure(setting, rebuilder.build(setting), step, steps))
+        try:
+            setting = search.send(trials[-1])
+        except StopIteration as done:
+            return conclude(rebuilder.original, done.value, trials, rebuilder.kept)
 
 
 def _next_workers(workers: int) -> int:
@@ -268,7 +303,8 @@ def _waiting(trial: Trial) -> bool:
 def _measure(setting: Setting, loader: Any, step: Callable[[Any], Any], steps: int) -> Trial:
     """Runs ``step`` on ``steps`` batches of a fresh iterator (after its first batch): the time per step."""
     clock = time.perf_counter
-    iterator: Iterator[Any] = iter(loader)
+    with more_workers_than_cores():
+        iterator: Iterator[Any] = iter(loader)
     started = clock()
     try:
         first = next(iterator)
