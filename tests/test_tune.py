@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import stepwatch
-from stepwatch._tune import Setting, Tuning
+from stepwatch._tune import Setting, Tuning, load_tuning
 
-from .conftest import spin
+from .conftest import PYTHON, spin, subprocess_env
 
 pytestmark = pytest.mark.slow
 
@@ -86,3 +87,62 @@ class Stream(IterableDataset[int]):
 def test_what_cannot_be_tuned_is_said_in_one_line(thing: Any, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         stepwatch.tune(thing, step=lambda batch: None)
+
+
+# -- stepwatch tune train.py, in real subprocesses ------------------------------------------------------------
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def command(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "stepwatch", *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+def test_tune_runs_the_programs_own_loop_recommends_and_stops_it(tmp_path: Path) -> None:
+    """The reads of io_train.py sleep 6 ms a sample: more workers than cores help. The program is stopped once the
+    search is done (it never reaches its own end, nor writes its checkpoint); the table is saved and printed
+    again by stepwatch report; the recommendation, applied by hand and timed by stepwatch run, holds."""
+    cores = os.cpu_count() or 1
+    done = command("tune", "--steps", "15", "-o", "tune.json", str(PROGRAMS / "io_train.py"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "training done" not in done.stdout and not (tmp_path / "checkpoint.pt").exists()
+    last = done.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("stepwatch tune: stopped the program at step ") and "for measuring only" in last
+    tuning = load_tuning(tmp_path / "tune.json")
+    assert tuning is not None and tuning.original == Setting(0)
+    assert tuning.best.num_workers > cores and tuning.gain < -0.5, done.stderr
+    assert f"recommended: DataLoader({tuning.best.describe()})" in done.stderr
+    report = command("report", "tune.json", cwd=tmp_path)
+    assert report.returncode == 0 and report.stdout == tuning.render()
+
+    options = ["--workers", str(tuning.best.num_workers)]
+    if tuning.best.prefetch_factor:
+        options += ["--prefetch", str(tuning.best.prefetch_factor)]
+    timed = command(
+        "run", "-q", "--warmup", "5", "--active", "100", "--stop", "-o", "run.json",
+        str(PROGRAMS / "io_train.py"), *options, cwd=tmp_path,
+    )  # fmt: skip
+    assert timed.returncode == 0, timed.stderr
+    train = stepwatch.load(tmp_path / "run.json").phases["train"]
+    promised = tuning.of(tuning.best)
+    by_hand = train.measured / train.steps
+    # the table's figure, within its stated noise (twice the standard error of its mean)
+    assert abs(by_hand - promised.per_step) <= promised.noise, (by_hand, promised.per_step, promised.noise)
+
+
+def test_tune_says_when_the_program_has_no_dataloader_loop(tmp_path: Path) -> None:
+    done = command("tune", str(PROGRAMS / "nanogpt_like.py"), cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "stepwatch tune: 20 optimizer steps and no loop over a DataLoader: the program makes its batches itself"
+        " (nanoGPT-style slicing), there is no DataLoader to tune"
+    )
+
+
+def test_tune_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
+    done = command("tune", "--steps", "1", str(PROGRAMS / "io_train.py"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "stepwatch tune: --steps must be at least 2 and --max-workers at least 0"
+    assert command("tune", "missing.py", cwd=tmp_path).stderr.strip() == "stepwatch tune: missing.py: no such file"

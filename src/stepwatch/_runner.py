@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def split(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
+def split(
+    arguments: Sequence[str], valued: frozenset[str] | set[str] = _VALUED, flags: frozenset[str] | set[str] = _FLAGS
+) -> tuple[list[str], list[str]]:
     """stepwatch's options, then the program and its arguments: the program starts at the first argument
     that is not one of stepwatch's options (or right after ``-m module``)."""
     index = 0
@@ -73,9 +75,9 @@ def split(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
         if argument == "--":
             return list(arguments[:index]), list(arguments[index + 1 :])
         name = argument.split("=", 1)[0]
-        if name in _VALUED and "=" not in argument:
+        if name in valued and "=" not in argument:
             index += 2
-        elif name in _VALUED or argument in _FLAGS or (argument.startswith("-") and argument != "-"):
+        elif name in valued or argument in flags or (argument.startswith("-") and argument != "-"):
             index += 1  # an option of stepwatch's, or one it does not know: said so, not taken for the script
         else:
             break
@@ -128,7 +130,7 @@ def main(arguments: Sequence[str]) -> int:
         return 2
     if not args.quiet:
         _save_at_exit.install(_default, report=True)
-    return _run(args.module, program)
+    return run_program(args.module, program)
 
 
 def _module_missing(module: str) -> str | None:
@@ -146,7 +148,7 @@ def _module_missing(module: str) -> str | None:
     return None if spec is not None else f"No module named {module}"
 
 
-def _run(module: str | None, program: list[str]) -> int:
+def run_program(module: str | None, program: list[str]) -> int:
     """Runs the program as ``__main__``; what it raises is reported as Python would report it."""
     try:
         if module is not None:

@@ -162,6 +162,23 @@ class Tuning:
             ],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tuning:
+        """What :meth:`to_dict` wrote; ValueError naming what is wrong."""
+        try:
+            trials = tuple(
+                Trial(
+                    Setting(**trial["setting"]),
+                    tuple(float(v) for v in trial["step_s"]),
+                    tuple(float(v) for v in trial["wait_s"]),
+                    float(trial["first_batch_s"]),
+                )
+                for trial in data["trials"]
+            )
+            return cls(Setting(**data["original"]), Setting(**data["best"]), trials, tuple(map(str, data["kept"])))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a tuning saved by stepwatch tune ({type(error).__name__}: {error})") from None
+
     def save(self, path: str | os.PathLike[str]) -> None:
         with open(path, "w", encoding="utf-8") as file:
             json.dump(self.to_dict(), file, indent=1)
@@ -217,6 +234,18 @@ def more_workers_than_cores() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         yield
+
+
+def load_tuning(path: str | os.PathLike[str]) -> Tuning | None:
+    """The tuning saved at ``path`` by ``stepwatch tune -o``; None when the file is not one (a saved run)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None  # said by whoever reads it as a run
+    if not isinstance(data, dict) or "stepwatch_tune" not in data:
+        return None
+    return Tuning.from_dict(data)
 
 
 def better(candidate: Trial, best: Trial) -> bool:
@@ -290,6 +319,12 @@ def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_worker
             return conclude(rebuilder.original, done.value, trials, rebuilder.kept)
 
 
+def settling_batches(setting: Setting) -> int:
+    """Batches run untimed after a setting's first one: those its workers had prefetched while it started come
+    at once, faster than the steady state the training will see."""
+    return (setting.prefetch_factor or 2) * setting.num_workers
+
+
 def _next_workers(workers: int) -> int:
     """0, 1, 2, 3, 4, 6, 9, 13, ...: one by one up to 4, then by half again."""
     return workers + 1 if workers < 4 else workers + workers // 2
@@ -312,6 +347,11 @@ def _measure(setting: Setting, loader: Any, step: Callable[[Any], Any], steps: i
         raise ValueError("tune needs a DataLoader with at least one batch") from None
     first_batch = clock() - started
     step(first)
+    for _ in range(settling_batches(setting)):
+        batch = next(iterator, None)
+        if batch is None:
+            break
+        step(batch)
     step_s, wait_s = [], []
     try:
         for _ in range(steps):

@@ -23,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepwatch", description="Where each training step's time goes.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    report = commands.add_parser("report", help="print the report of a saved run, or of several ranks' runs")
+    report = commands.add_parser(
+        "report", help="print the report of a saved run, of several ranks' runs, or of a tuning (stepwatch tune -o)"
+    )
     report.add_argument(
         "file", nargs="+", help="a run saved by stepwatch.save() or STEPWATCH_OUT; several: one per rank"
     )
@@ -147,6 +149,17 @@ def _report_ranks(paths: list[str]) -> int:
     from ._all_ranks import combine_jobs
     from ._render import missing_line
 
+    if len(paths) == 1:  # a tuning saved by stepwatch tune -o
+        from ._tune import load_tuning
+
+        try:
+            tuning = load_tuning(paths[0])
+        except ValueError as error:
+            print(f"stepwatch: {paths[0]}: {error}", file=sys.stderr)
+            return 2
+        if tuning is not None:
+            sys.stdout.write(tuning.render())
+            return 0
     jobs = _load_jobs(paths)
     if jobs is None:
         return 2
@@ -177,6 +190,17 @@ def _merge(paths: list[str], output: str) -> int:
     from ._all_ranks import combine_jobs
     from ._run_file import save_ranks
 
+    if len(paths) == 1:  # a tuning saved by stepwatch tune -o
+        from ._tune import load_tuning
+
+        try:
+            tuning = load_tuning(paths[0])
+        except ValueError as error:
+            print(f"stepwatch: {paths[0]}: {error}", file=sys.stderr)
+            return 2
+        if tuning is not None:
+            sys.stdout.write(tuning.render())
+            return 0
     jobs = _load_jobs(paths)
     if jobs is None:
         return 2
@@ -289,6 +313,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._runner import main as run_main
 
         return run_main(arguments[1:])
+    if arguments[:1] == ["tune"]:  # the program's own arguments follow: parsed apart
+        from ._tune_run import main as tune_main
+
+        return tune_main(arguments[1:])
     if arguments[:1] == ["demo"]:  # the demo parses its own options
         from .demo import main as demo_main
 
