@@ -71,6 +71,47 @@ def test_free_reads_and_a_cpu_bound_step_keep_the_settings_they_have() -> None:
     assert {trial.setting.num_workers for trial in tuning.trials} <= {0, 1, 2}  # max_workers holds
 
 
+class BusyReads(Dataset[torch.Tensor]):
+    """Each sample computes for ``read_s`` (decoding, augmenting): a worker needs a core for it."""
+
+    def __init__(self, size: int, read_s: float) -> None:
+        self.size, self.read_s = size, read_s
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        spin(self.read_s)
+        return torch.full((4,), float(index))
+
+
+def test_cpu_bound_reads_and_step_are_not_sent_past_the_point_where_the_step_stops_improving() -> None:
+    """On 2 cores, reads that compute (4 x 1 ms a batch) beside a 4 ms step: workers help until they compete with
+    the step for the cores; the search stops two settings past its best, and the best is never slower than
+    anything measured beyond the noise."""
+    cores = os.cpu_count() or 1
+    loader = DataLoader(BusyReads(4000, 0.001), batch_size=4, num_workers=0)
+    tuning = stepwatch.tune(loader, step=busy_step(0.004), steps=15)
+    tried = sorted({trial.setting.num_workers for trial in tuning.trials})
+    assert max(tried) <= max(cores, tuning.best.num_workers + 2) + 1, (tried, tuning.render())
+    best = tuning.of(tuning.best)
+    for setting in {trial.setting for trial in tuning.trials}:
+        other = tuning.of(setting)
+        assert best.per_step <= other.per_step + max(best.noise, other.noise), tuning.render()
+
+
+def test_spawned_workers_and_a_batch_sampler_of_its_own_are_kept() -> None:
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    batches = BatchSampler(SequentialSampler(range(400)), batch_size=4, drop_last=False)
+    loader = DataLoader(
+        SleepingReads(400, 0.004), batch_sampler=batches, num_workers=1, multiprocessing_context="spawn"
+    )
+    tuning = stepwatch.tune(loader, step=busy_step(0.002), steps=8, max_workers=2)
+    assert tuning.original == Setting(1) and {t.setting.num_workers for t in tuning.trials} >= {0, 1, 2}
+    assert "the batch sampler (BatchSampler) is reused as it is" in tuning.render()
+
+
 class Stream(IterableDataset[int]):
     def __iter__(self) -> Any:
         return iter(range(10))
@@ -81,7 +122,7 @@ class Stream(IterableDataset[int]):
     [
         ([1, 2, 3], "tune needs a torch DataLoader, got list"),
         (DataLoader(Stream(), batch_size=2), "cannot rebuild a DataLoader over an IterableDataset"),
-        (DataLoader(range(10), batch_size=None), "batch_sampler of its own"),
+        (DataLoader(range(10), batch_size=None), "does not batch"),
     ],
 )
 def test_what_cannot_be_tuned_is_said_in_one_line(thing: Any, error: str) -> None:

@@ -197,13 +197,16 @@ class Rebuilder:
             raise ValueError(f"tune needs a torch DataLoader, got {type(loader).__name__}")
         if isinstance(loader.dataset, IterableDataset):
             raise ValueError("tune cannot rebuild a DataLoader over an IterableDataset (its sharding is its own)")
-        if loader.batch_size is None:
-            raise ValueError("tune cannot rebuild a DataLoader with a batch_sampler of its own")
+        if loader.batch_size is None and loader.batch_sampler is None:
+            raise ValueError("tune cannot rebuild a DataLoader that does not batch (batch_size=None)")
         self.loader = loader
         self.kept = ["pin_memory and persistent_workers, as yours (not tried yet)"]
-        if not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+        if loader.batch_size is None:
+            self.kept.append(f"the batch sampler ({type(loader.batch_sampler).__name__}) is reused as it is")
+        elif not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
             self.kept.append(f"the sampler ({type(loader.sampler).__name__}) is reused as it is")
-        self.original = Setting(loader.num_workers, loader.prefetch_factor if loader.num_workers else None)
+        prefetch = loader.prefetch_factor if loader.num_workers and loader.prefetch_factor != 2 else None
+        self.original = Setting(loader.num_workers, prefetch)  # torch's default prefetching is None here
 
     def build(self, setting: Setting) -> Any:
         from torch.utils.data import DataLoader, RandomSampler
@@ -212,11 +215,14 @@ class Rebuilder:
         sampler = loader.sampler
         if isinstance(sampler, RandomSampler):
             sampler = RandomSampler(cast(Any, loader.dataset))  # a fresh order, as a new epoch's
+        batching: dict[str, Any] = (
+            {"batch_size": loader.batch_size, "sampler": sampler, "drop_last": loader.drop_last}
+            if loader.batch_size is not None
+            else {"batch_sampler": loader.batch_sampler}  # its own: reused as it is
+        )
         options: dict[str, Any] = {
-            "batch_size": loader.batch_size,
-            "sampler": sampler,
+            **batching,
             "collate_fn": loader.collate_fn,
-            "drop_last": loader.drop_last,
             "num_workers": setting.num_workers,
             "pin_memory": loader.pin_memory,
             "worker_init_fn": loader.worker_init_fn,
