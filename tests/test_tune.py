@@ -169,8 +169,9 @@ def test_tune_runs_the_programs_own_loop_recommends_and_stops_it(tmp_path: Path)
     train = stepwatch.load(tmp_path / "run.json").phases["train"]
     promised = tuning.of(tuning.best)
     by_hand = train.measured / train.steps
-    # the table's figure, within its stated noise (twice the standard error of its mean)
-    assert abs(by_hand - promised.per_step) <= promised.noise, (by_hand, promised.per_step, promised.noise)
+    # the table's figure, within the noise it states beside it: the spread of the time per step in that setting
+    # (its "± noise" column, twice the standard error of the mean, is what the search compares means with)
+    assert abs(by_hand - promised.per_step) <= promised.spread, (by_hand, promised.per_step, promised.spread)
 
 
 def test_tune_says_when_the_program_has_no_dataloader_loop(tmp_path: Path) -> None:
