@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import stepwatch
-from stepwatch._tune import Setting, Tuning, load_tuning
+from stepwatch._tune import Setting, Trial, Tuning, load_tuning
 
 from .conftest import PYTHON, spin, subprocess_env
 
@@ -188,3 +188,37 @@ def test_tune_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == "stepwatch tune: --steps must be at least 2 and --max-workers at least 0"
     assert command("tune", "missing.py", cwd=tmp_path).stderr.strip() == "stepwatch tune: missing.py: no such file"
+
+
+def test_with_an_accelerator_the_other_pinning_is_tried_for_the_best() -> None:
+    """The search itself (``plan``), driven with trials of known times: workers help up to 2, prefetching does
+    not, and pinning (tried only with an accelerator in use) does."""
+    from stepwatch._tune import plan
+
+    def trial(setting: Setting, ms: float) -> Trial:
+        return Trial(setting, (ms / 1e3,) * 10, (0.0,) * 10, 0.01)
+
+    times = {0: 30.0, 1: 16.0, 2: 9.0}
+    search = plan(Setting(0), max_workers=2, pin_memory=False)
+    asked = [next(search)]
+    chosen = None
+    while chosen is None:
+        setting = asked[-1]
+        ms = times.get(setting.num_workers, 9.0)
+        if setting.pin_memory:
+            ms = 7.0
+        try:
+            asked.append(search.send(trial(setting, ms)))
+        except StopIteration as done:
+            chosen = done.value
+    assert asked == [
+        Setting(0),
+        Setting(1),
+        Setting(2),
+        Setting(2, 4),
+        Setting(2, 8),
+        Setting(2, None, True),
+        Setting(0),
+        Setting(2, None, True),
+    ]
+    assert chosen == Setting(2, None, True) and chosen.describe() == "num_workers=2, pin_memory=True"

@@ -18,7 +18,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, cast
 
 STEPS = 30
@@ -34,12 +34,16 @@ class Setting:
     num_workers: int
     prefetch_factor: int | None = None
     """None: torch's default (2 with workers)."""
+    pin_memory: bool | None = None
+    """None: as the program has it (tried only with an accelerator in use)."""
 
     def arguments(self) -> dict[str, Any]:
-        """The ``DataLoader(...)`` arguments that differ from torch's defaults."""
+        """The ``DataLoader(...)`` arguments that differ from torch's defaults (and ``pin_memory`` when tried)."""
         arguments: dict[str, Any] = {"num_workers": self.num_workers}
         if self.num_workers and self.prefetch_factor not in (None, 2):
             arguments["prefetch_factor"] = self.prefetch_factor
+        if self.pin_memory is not None:
+            arguments["pin_memory"] = self.pin_memory
         return arguments
 
     def describe(self) -> str:
@@ -200,11 +204,15 @@ class Rebuilder:
         if loader.batch_size is None and loader.batch_sampler is None:
             raise ValueError("tune cannot rebuild a DataLoader that does not batch (batch_size=None)")
         self.loader = loader
-        self.kept = ["pin_memory and persistent_workers, as yours (not tried yet)"]
+        self.accelerator = _accelerator()
+        self.kept = ["persistent_workers, as yours (not tried yet)"]
+        if not self.accelerator:
+            self.kept.append(f"pin_memory={loader.pin_memory}, as yours: no accelerator in use, pinning gains nothing")
         if loader.batch_size is None:
             self.kept.append(f"the batch sampler ({type(loader.batch_sampler).__name__}) is reused as it is")
         elif not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
             self.kept.append(f"the sampler ({type(loader.sampler).__name__}) is reused as it is")
+        self.pin_memory = bool(loader.pin_memory) if self.accelerator else None  # the pinning to try the other of
         prefetch = loader.prefetch_factor if loader.num_workers and loader.prefetch_factor != 2 else None
         self.original = Setting(loader.num_workers, prefetch)  # torch's default prefetching is None here
 
@@ -224,7 +232,7 @@ class Rebuilder:
             **batching,
             "collate_fn": loader.collate_fn,
             "num_workers": setting.num_workers,
-            "pin_memory": loader.pin_memory,
+            "pin_memory": loader.pin_memory if setting.pin_memory is None else setting.pin_memory,
             "worker_init_fn": loader.worker_init_fn,
         }
         if setting.num_workers:
@@ -232,6 +240,14 @@ class Rebuilder:
             options["multiprocessing_context"] = loader.multiprocessing_context
         with more_workers_than_cores():
             return DataLoader(loader.dataset, **options)
+
+
+def _accelerator() -> bool:
+    """Whether an accelerator is in use (CUDA initialized): pinning host memory only helps copies to one."""
+    import torch
+
+    cuda = getattr(torch, "cuda", None)
+    return bool(cuda is not None and cuda.is_available() and cuda.is_initialized())
 
 
 @contextlib.contextmanager
@@ -259,11 +275,14 @@ def better(candidate: Trial, best: Trial) -> bool:
     return best.per_step - candidate.per_step > max(candidate.noise, best.noise)
 
 
-def plan(original: Setting, max_workers: int | None = None) -> Generator[Setting, Trial, Setting]:
+def plan(
+    original: Setting, max_workers: int | None = None, pin_memory: bool | None = None
+) -> Generator[Setting, Trial, Setting]:
     """The search, as a generator: it yields the next setting to try and is sent its trial; it returns the
     setting chosen. ``num_workers`` is climbed from 0 until two settings in a row gain nothing beyond the noise
     (past the CPU count, up to twice the cores, while the best workers still leave the loop waiting), then
-    ``prefetch_factor`` is tried for the best, then the original and the best are run once more."""
+    ``prefetch_factor`` is tried for the best, then, with an accelerator in use (``pin_memory``: the program's own
+    pinning), the other pinning; then the original and the best are run once more."""
     cores = os.cpu_count() or 1
     limit = max_workers if max_workers is not None else cores
     best = yield original
@@ -292,6 +311,11 @@ def plan(original: Setting, max_workers: int | None = None) -> Generator[Setting
                 trial = yield setting
                 if better(trial, best):
                     best = trial
+    if pin_memory is not None:
+        setting = replace(best.setting, pin_memory=not pin_memory)
+        trial = yield setting
+        if better(trial, best):
+            best = trial
     yield original  # confirm: the original and the best once more, their trials pooled
     if best.setting != original:
         yield best.setting
@@ -299,11 +323,17 @@ def plan(original: Setting, max_workers: int | None = None) -> Generator[Setting
 
 
 def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str]) -> Tuning:
-    """The tuning: the chosen setting, unless its pooled trials do not beat the original's beyond the noise."""
+    """The tuning, every setting's trials pooled: the search's choice, or a setting faster than it beyond the
+    noise (its confirmation may have come out slower than its first trial), unless that does not beat the
+    original beyond the noise."""
     result = Tuning(original, chosen, tuple(trials), tuple(kept))
+    pooled = [result.of(setting) for setting in dict.fromkeys(trial.setting for trial in trials)]
+    fastest = min(pooled, key=lambda trial: trial.per_step)
+    if better(fastest, result.of(chosen)):
+        chosen = fastest.setting
     if chosen != original and not better(result.of(chosen), result.of(original)):
-        return Tuning(original, original, tuple(trials), tuple(kept))  # not confirmed
-    return result
+        chosen = original  # not confirmed
+    return Tuning(original, chosen, tuple(trials), tuple(kept))
 
 
 def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_workers: int | None = None) -> Tuning:
@@ -315,7 +345,7 @@ def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_worker
     if not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps must be an integer of at least 2, got {steps!r}")
     trials: list[Trial] = []
-    search = plan(rebuilder.original, max_workers)
+    search = plan(rebuilder.original, max_workers, rebuilder.pin_memory)
     setting = next(search)
     while True:
         trials.append(_measure(setting, rebuilder.build(setting), step, steps))

@@ -85,7 +85,7 @@ class TuneSession:
         then the table and the stop. A program that leaves its loop first gets the table of what was measured."""
         clock = time.perf_counter
         trials: list[Trial] = []
-        search = plan(rebuilder.original, self.max_workers)
+        search = plan(rebuilder.original, self.max_workers, rebuilder.pin_memory)
         setting = next(search)
         done = 0
         try:
