@@ -95,13 +95,9 @@ def main(arguments: Sequence[str]) -> int:
     if args.stop and (args.active is None or args.every is not None):
         print("stepwatch run: --stop needs --active N (a window that closes)", file=sys.stderr)
         return 2
-    if args.module is None and not program:
-        parser.print_usage(sys.stderr)
-        print("stepwatch run: give a script to run, or -m module", file=sys.stderr)
-        return 2
-    if args.module is None and not os.path.isfile(program[0]):
-        print(f"stepwatch run: {program[0]}: no such file", file=sys.stderr)
-        return 2
+    refused = check_program("stepwatch run", parser, args.module, program)
+    if refused is not None:
+        return refused
     if args.module is not None:
         missing = _module_missing(args.module)
         if missing is not None:  # one line, as python -m says it, and no run saved
@@ -131,6 +127,19 @@ def main(arguments: Sequence[str]) -> int:
     if not args.quiet:
         _save_at_exit.install(_default, report=True)
     return run_program(args.module, program)
+
+
+def check_program(command: str, parser: argparse.ArgumentParser, module: str | None, program: list[str]) -> int | None:
+    """The exit status for a program that cannot run (none given, or a missing script), said in one line; None
+    when it can."""
+    if module is None and not program:
+        parser.print_usage(sys.stderr)
+        print(f"{command}: give a script to run, or -m module", file=sys.stderr)
+        return 2
+    if module is None and not os.path.isfile(program[0]):
+        print(f"{command}: {program[0]}: no such file", file=sys.stderr)
+        return 2
+    return None
 
 
 def _module_missing(module: str) -> str | None:

@@ -372,7 +372,17 @@ def _waiting(trial: Trial) -> bool:
 
 
 def _measure(setting: Setting, loader: Any, step: Callable[[Any], Any], steps: int) -> Trial:
-    """Runs ``step`` on ``steps`` batches of a fresh iterator (after its first batch): the time per step."""
+    """Runs ``step`` on a fresh iterator's batches (see :func:`trial_batches`): the setting's trial."""
+    done: list[Trial] = []
+    for batch in trial_batches(setting, loader, steps, done):
+        step(batch)
+    return done[0]
+
+
+def trial_batches(setting: Setting, loader: Any, steps: int, done: list[Trial]) -> Iterator[Any]:
+    """The batches of one trial, for the program's step to run on, from a fresh iterator: its first batch and
+    what its workers prefetched meanwhile (untimed), then ``steps`` timed ones: each step's time runs from the
+    wait for its batch to the request for the next. When they are all run, the trial is appended to ``done``."""
     clock = time.perf_counter
     with more_workers_than_cores():
         iterator: Iterator[Any] = iter(loader)
@@ -380,26 +390,26 @@ def _measure(setting: Setting, loader: Any, step: Callable[[Any], Any], steps: i
     try:
         first = next(iterator)
     except StopIteration:
-        raise ValueError("tune needs a DataLoader with at least one batch") from None
+        raise ValueError("the DataLoader gives no batch: nothing to tune") from None
     first_batch = clock() - started
-    step(first)
+    yield first
     for _ in range(settling_batches(setting)):
         batch = next(iterator, None)
         if batch is None:
             break
-        step(batch)
+        yield batch
     step_s, wait_s = [], []
-    try:
-        for _ in range(steps):
-            before = clock()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            ready = clock()
-            step(batch)
-            step_s.append(clock() - before)
-            wait_s.append(ready - before)
-    finally:
-        del iterator  # its workers end now, not with the next setting's
-    return Trial(setting, tuple(step_s), tuple(wait_s), first_batch)
+    mark = clock()
+    for _ in range(steps):
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        wait = clock() - mark
+        yield batch
+        now = clock()
+        step_s.append(now - mark)
+        wait_s.append(wait)
+        mark = now
+    del iterator  # its workers end now, not with the next setting's
+    done.append(Trial(setting, tuple(step_s), tuple(wait_s), first_batch))

@@ -15,13 +15,12 @@ import argparse
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ._patches import Patches
-from ._runner import run_program, split
-from ._tune import STEPS, Rebuilder, Trial, Tuning, conclude, more_workers_than_cores, plan, settling_batches
+from ._runner import check_program, run_program, split
+from ._tune import STEPS, Rebuilder, Trial, Tuning, conclude, plan, trial_batches
 from ._window_end import StoppedByStepwatch
 
 NO_LOOP_STEPS = 20
@@ -83,45 +82,18 @@ class TuneSession:
     def tuned(self, rebuilder: Rebuilder) -> Iterator[Any]:
         """The program's loop: batches from a DataLoader per setting, each step timed, until the search ends;
         then the table and the stop. A program that leaves its loop first gets the table of what was measured."""
-        clock = time.perf_counter
         trials: list[Trial] = []
         search = plan(rebuilder.original, self.max_workers, rebuilder.pin_memory)
         setting = next(search)
         done = 0
         try:
             while True:
-                with more_workers_than_cores():
-                    iterator = iter(rebuilder.build(setting))
-                started = clock()
                 try:
-                    first = next(iterator)
-                except StopIteration:
-                    raise SystemExit("stepwatch tune: the DataLoader gives no batch: nothing to tune") from None
-                first_batch = clock() - started
-                yield first  # the program's step on it: its start-up, not timed
-                done += 1
-                for _ in range(settling_batches(setting)):  # what the workers prefetched: not the steady state
-                    batch = next(iterator, None)
-                    if batch is None:
-                        break
-                    yield batch
-                    done += 1
-                step_s, wait_s = [], []
-                mark = clock()
-                for _ in range(self.steps):
-                    try:
-                        batch = next(iterator)
-                    except StopIteration:
-                        break
-                    wait = clock() - mark
-                    yield batch
-                    done += 1
-                    now = clock()
-                    step_s.append(now - mark)
-                    wait_s.append(wait)
-                    mark = now
-                del iterator
-                trials.append(Trial(setting, tuple(step_s), tuple(wait_s), first_batch))
+                    for batch in trial_batches(setting, rebuilder.build(setting), self.steps, trials):
+                        yield batch  # the program's step on it
+                        done += 1
+                except ValueError as error:
+                    raise SystemExit(f"stepwatch tune: {error}") from None
                 try:
                     setting = search.send(trials[-1])
                 except StopIteration as finished:
@@ -160,13 +132,9 @@ def main(arguments: Sequence[str]) -> int:
         args = parser.parse_args(own)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    if args.module is None and not program:
-        parser.print_usage(sys.stderr)
-        print("stepwatch tune: give a script to run, or -m module", file=sys.stderr)
-        return 2
-    if args.module is None and not os.path.isfile(program[0]):
-        print(f"stepwatch tune: {program[0]}: no such file", file=sys.stderr)
-        return 2
+    refused = check_program("stepwatch tune", parser, args.module, program)
+    if refused is not None:
+        return refused
     if args.steps < 2 or (args.max_workers is not None and args.max_workers < 0):
         print("stepwatch tune: --steps must be at least 2 and --max-workers at least 0", file=sys.stderr)
         return 2

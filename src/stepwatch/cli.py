@@ -190,17 +190,6 @@ def _merge(paths: list[str], output: str) -> int:
     from ._all_ranks import combine_jobs
     from ._run_file import save_ranks
 
-    if len(paths) == 1:  # a tuning saved by stepwatch tune -o
-        from ._tune import load_tuning
-
-        try:
-            tuning = load_tuning(paths[0])
-        except ValueError as error:
-            print(f"stepwatch: {paths[0]}: {error}", file=sys.stderr)
-            return 2
-        if tuning is not None:
-            sys.stdout.write(tuning.render())
-            return 0
     jobs = _load_jobs(paths)
     if jobs is None:
         return 2
