@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import stepwatch
-from stepwatch._tune import Setting, Trial, Tuning, load_tuning
+from stepwatch._tuning import Setting, Trial, Tuning, load_tuning
 
 from .conftest import PYTHON, spin, subprocess_env
 

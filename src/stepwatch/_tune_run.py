@@ -20,7 +20,8 @@ from typing import Any
 
 from ._patches import Patches
 from ._runner import check_program, run_program, split
-from ._tune import STEPS, Rebuilder, Trial, Tuning, conclude, plan, trial_batches
+from ._tune import STEPS, Rebuilder, conclude, plan, trial_batches
+from ._tuning import Trial, Tuning
 from ._window_end import StoppedByStepwatch
 
 NO_LOOP_STEPS = 20

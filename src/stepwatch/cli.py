@@ -150,7 +150,7 @@ def _report_ranks(paths: list[str]) -> int:
     from ._render import missing_line
 
     if len(paths) == 1:  # a tuning saved by stepwatch tune -o
-        from ._tune import load_tuning
+        from ._tuning import load_tuning
 
         try:
             tuning = load_tuning(paths[0])
