@@ -146,7 +146,7 @@ def test_tune_runs_the_programs_own_loop_recommends_and_stops_it(tmp_path: Path)
     search is done (it never reaches its own end, nor writes its checkpoint); the table is saved and printed
     again by stepwatch report; the recommendation, applied by hand and timed by stepwatch run, holds."""
     cores = os.cpu_count() or 1
-    done = command("tune", "--steps", "15", "-o", "tune.json", str(PROGRAMS / "io_train.py"), cwd=tmp_path)
+    done = command("tune", "-o", "tune.json", str(PROGRAMS / "io_train.py"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "training done" not in done.stdout and not (tmp_path / "checkpoint.pt").exists()
     last = done.stderr.rstrip().splitlines()[-1]
@@ -169,9 +169,11 @@ def test_tune_runs_the_programs_own_loop_recommends_and_stops_it(tmp_path: Path)
     train = stepwatch.load(tmp_path / "run.json").phases["train"]
     promised = tuning.of(tuning.best)
     by_hand = train.measured / train.steps
-    # the table's figure, within the noise it states beside it: the spread of the time per step in that setting
-    # (its "± noise" column, twice the standard error of the mean, is what the search compares means with)
-    assert abs(by_hand - promised.per_step) <= promised.spread, (by_hand, promised.per_step, promised.spread)
+    # two measurements of one setting, each noisy: the table's figure and the by-hand run's agree within the spread
+    # of the time per step each states (the loader's and the step's rows add up in the by-hand run)
+    by_hand_spread = (train.stages["loader"].std ** 2 + train.stages["step"].std ** 2) ** 0.5
+    tolerance = promised.spread + by_hand_spread
+    assert abs(by_hand - promised.per_step) <= tolerance, (by_hand, promised.per_step, promised.spread, by_hand_spread)
 
 
 def test_tune_says_when_the_program_has_no_dataloader_loop(tmp_path: Path) -> None:
