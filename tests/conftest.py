@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -109,3 +110,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def stepwatch_command(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m stepwatch ARGS`` in a real subprocess, in ``cwd``, its output captured."""
+    return subprocess.run(
+        [PYTHON, "-m", "stepwatch", *args],
+        cwd=cwd,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

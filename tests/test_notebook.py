@@ -4,7 +4,6 @@ comparison, called directly, through IPython's display machinery, and in a real 
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import nbformat
@@ -16,7 +15,7 @@ from nbclient import NotebookClient
 import stepwatch
 from stepwatch import AllRanks, Compared, Stopwatch, Summary
 
-from .conftest import PYTHON, FakeClock, rank_runs, subprocess_env
+from .conftest import FakeClock, rank_runs, stepwatch_command, subprocess_env
 
 MS = 1_000_000
 
@@ -82,13 +81,7 @@ def test_a_comparison_shows_what_changed_as_the_cli_prints_it(tmp_path: Path, cl
         str(tmp_path / "before.json"),
         str(tmp_path / "after.json"),
     )
-    cli = subprocess.run(
-        [PYTHON, "-m", "stepwatch", "compare", "before.json", "after.json"],
-        cwd=tmp_path,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-    )
+    cli = stepwatch_command("compare", "before.json", "after.json", cwd=tmp_path)
     assert cli.returncode == 0, cli.stderr
     assert stepwatch.compare(before, after, names=("before.json", "after.json")).render() == cli.stdout
     html = compared._repr_html_()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 import stepwatch
 from stepwatch._tuning import Setting, Trial, Tuning, load_tuning
 
-from .conftest import PYTHON, spin, subprocess_env
+from .conftest import spin, stepwatch_command
 
 pytestmark = pytest.mark.slow
 
@@ -135,18 +134,12 @@ def test_what_cannot_be_tuned_is_said_in_one_line(thing: Any, error: str) -> Non
 PROGRAMS = Path(__file__).parent / "programs"
 
 
-def command(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PYTHON, "-m", "stepwatch", *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=300
-    )
-
-
 def test_tune_runs_the_programs_own_loop_recommends_and_stops_it(tmp_path: Path) -> None:
     """The reads of io_train.py sleep 6 ms a sample: more workers than cores help. The program is stopped once the
     search is done (it never reaches its own end, nor writes its checkpoint); the table is saved and printed
     again by stepwatch report; the recommendation, applied by hand and timed by stepwatch run, holds."""
     cores = os.cpu_count() or 1
-    done = command("tune", "-o", "tune.json", str(PROGRAMS / "io_train.py"), cwd=tmp_path)
+    done = stepwatch_command("tune", "-o", "tune.json", str(PROGRAMS / "io_train.py"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "training done" not in done.stdout and not (tmp_path / "checkpoint.pt").exists()
     last = done.stderr.rstrip().splitlines()[-1]
@@ -155,13 +148,13 @@ def test_tune_runs_the_programs_own_loop_recommends_and_stops_it(tmp_path: Path)
     assert tuning is not None and tuning.original == Setting(0)
     assert tuning.best.num_workers > cores and tuning.gain < -0.5, done.stderr
     assert f"recommended: DataLoader({tuning.best.describe()})" in done.stderr
-    report = command("report", "tune.json", cwd=tmp_path)
+    report = stepwatch_command("report", "tune.json", cwd=tmp_path)
     assert report.returncode == 0 and report.stdout == tuning.render()
 
     options = ["--workers", str(tuning.best.num_workers)]
     if tuning.best.prefetch_factor:
         options += ["--prefetch", str(tuning.best.prefetch_factor)]
-    timed = command(
+    timed = stepwatch_command(
         "run", "-q", "--warmup", "5", "--active", "100", "--stop", "-o", "run.json",
         str(PROGRAMS / "io_train.py"), *options, cwd=tmp_path,
     )  # fmt: skip
@@ -177,7 +170,7 @@ def test_tune_runs_the_programs_own_loop_recommends_and_stops_it(tmp_path: Path)
 
 
 def test_tune_says_when_the_program_has_no_dataloader_loop(tmp_path: Path) -> None:
-    done = command("tune", str(PROGRAMS / "nanogpt_like.py"), cwd=tmp_path)
+    done = stepwatch_command("tune", str(PROGRAMS / "nanogpt_like.py"), cwd=tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         "stepwatch tune: 20 optimizer steps and no loop over a DataLoader: the program makes its batches itself"
@@ -186,10 +179,13 @@ def test_tune_says_when_the_program_has_no_dataloader_loop(tmp_path: Path) -> No
 
 
 def test_tune_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
-    done = command("tune", "--steps", "1", str(PROGRAMS / "io_train.py"), cwd=tmp_path)
+    done = stepwatch_command("tune", "--steps", "1", str(PROGRAMS / "io_train.py"), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == "stepwatch tune: --steps must be at least 2 and --max-workers at least 0"
-    assert command("tune", "missing.py", cwd=tmp_path).stderr.strip() == "stepwatch tune: missing.py: no such file"
+    assert (
+        stepwatch_command("tune", "missing.py", cwd=tmp_path).stderr.strip()
+        == "stepwatch tune: missing.py: no such file"
+    )
 
 
 def test_with_an_accelerator_the_other_pinning_is_tried_for_the_best() -> None:

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 import stepwatch
 from stepwatch import StoppedByStepwatch, Stopwatch
 
-from .conftest import PYTHON, FakeClock, subprocess_env
+from .conftest import FakeClock, stepwatch_command
 
 PROGRAMS = Path(__file__).parent / "programs"
 CNN = str(PROGRAMS / "cnn.py")
@@ -122,14 +122,7 @@ def test_reset_lets_the_window_close_again(tmp_path: Path, clock: FakeClock) -> 
 
 
 def stepwatch_run(options: list[str], program: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PYTHON, "-m", "stepwatch", "run", *options, *program],
-        cwd=cwd,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return stepwatch_command("run", *options, *program, cwd=cwd, timeout=180)
 
 
 @pytest.mark.slow

@@ -293,9 +293,7 @@ class Blocks:
         having been on, their live class otherwise; those dropped by ``clear()`` too, since callers keep them."""
         sw = self._stopwatch
         self.dropping = sw.stacks.measuring is DROPPING
-        kind = DroppedBlock if self.dropping else live_class(sw)
-        for block in self.made:
-            block.__class__ = kind
+        self._become(DroppedBlock if self.dropping else live_class(sw))
 
     def lent(self) -> None:
         """The default stopwatch's blocks while its state is lent to another stopwatch (see
@@ -303,9 +301,11 @@ class Blocks:
         stay so until the next switch: a live block keeps what the switch guarantees while off, at more cost."""
         if self.dropping:
             self.dropping = False
-            kind = live_class(self._stopwatch)
-            for block in self.made:
-                block.__class__ = kind
+            self._become(live_class(self._stopwatch))
+
+    def _become(self, kind: type[Block]) -> None:
+        for block in self.made:
+            block.__class__ = kind
 
 
 def check_name(name: object, what: str) -> None:

@@ -26,7 +26,7 @@ from ._loops import OpenLoops, iterate
 from ._periodic import PeriodicCalls
 from ._results import Results, save_run
 from ._run_span import RunSpan
-from ._schedule import Schedule, check_steps, check_window, out_path
+from ._schedule import Schedule, check_flag, check_steps, check_window, out_path
 from ._stacks import DROPPING, ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import MAX_TRACE_STEPS, Trace
@@ -107,8 +107,7 @@ class Stopwatch(Results):
         self.schedule = Schedule(warmup, active, every)
         self.window_end = WindowEnd()
         self.window_end.stop = check_stop(stop, self.schedule)
-        if not isinstance(live, bool):
-            raise ValueError(f"live must be True or False, got {live!r}")
+        check_flag(live, "live")
         if (sync or nvtx) and device is None:
             raise ValueError("sync and nvtx need a device, e.g. Stopwatch(device='cuda', sync=True)")
         if not callable(clock):
@@ -172,8 +171,8 @@ class Stopwatch(Results):
                 schedule.every if every is None else every,
             )
         stopping = self.window_end.stop if stop is None else check_stop(stop, schedule)
-        if live is not None and not isinstance(live, bool):
-            raise ValueError(f"live must be True or False, got {live!r}")
+        if live is not None:
+            check_flag(live, "live")
         path = None if out is None else out_path(out)
         if gather_every is not None:
             check_steps(gather_every, "gather_every", optional=False)

@@ -27,6 +27,13 @@ def check_steps(value: object, name: str, *, optional: bool) -> int | None:
     return value
 
 
+def check_flag(value: object, name: str) -> bool:
+    """A switch given as True or False (a truthy string is a mistake, not a yes)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_window(window: object) -> int:
     if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
         raise ValueError(f"window must be an integer from 1 to {MAX_WINDOW:,}, got {window!r}")

@@ -53,7 +53,6 @@ class TuneSession:
         self.thread = threading.get_ident()
         self.started = False
         self.optimizer_steps = 0
-        self.tuning: Tuning | None = None
 
     def wrap_iter(self, original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
         def __iter__(loader: Any) -> Iterator[Any]:
@@ -116,7 +115,6 @@ class TuneSession:
             raise
 
     def report(self, tuning: Tuning) -> None:
-        self.tuning = tuning
         text = tuning.render()
         if self.out is not None:
             tuning.save(self.out)

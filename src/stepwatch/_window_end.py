@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ._schedule import check_flag
+
 if TYPE_CHECKING:
     from ._all_ranks import AllRanks
     from ._recorder import Stopwatch
@@ -28,11 +30,10 @@ logger = logging.getLogger("stepwatch")
 
 def check_stop(stop: object, schedule: Schedule) -> bool:
     """``stop`` is a bool, and True only with a window that closes."""
-    if not isinstance(stop, bool):
-        raise ValueError(f"stop must be True or False, got {stop!r}")
-    if stop and not schedule.closes:
+    stopping = check_flag(stop, "stop")
+    if stopping and not schedule.closes:
         raise ValueError("stop needs active=N without every: a measured window that closes")
-    return stop
+    return stopping
 
 
 class StoppedByStepwatch(SystemExit):
