@@ -13,6 +13,8 @@ best and the original once more. What it measured is plain data in ``_tuning``.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import multiprocessing
 import os
 import time
 import warnings
@@ -31,42 +33,69 @@ PREFETCH = (4, 8)
 class Rebuilder:
     """Builds a program's DataLoader again with another setting: the same dataset, batch size, sampler kind,
     collate function, worker init, ``drop_last``, pinning and start method. Raises ValueError, in one line, for a
-    loader it cannot rebuild; ``kept`` says what it keeps as the program has it."""
+    loader it cannot rebuild; ``kept`` says what it keeps as the program has it, and why."""
 
     def __init__(self, loader: Any) -> None:
         from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
         if not isinstance(loader, DataLoader):
             raise ValueError(f"tune needs a torch DataLoader, got {type(loader).__name__}")
-        if isinstance(loader.dataset, IterableDataset):
-            raise ValueError("tune cannot rebuild a DataLoader over an IterableDataset (its sharding is its own)")
-        if loader.batch_size is None and loader.batch_sampler is None:
-            raise ValueError("tune cannot rebuild a DataLoader that does not batch (batch_size=None)")
         self.loader = loader
         self.accelerator = _accelerator()
-        self.kept = ["persistent_workers, as yours (not tried yet)"]
+        self.iterable = isinstance(loader.dataset, IterableDataset)
+        self.kept: list[str] = []
+        if self.iterable:
+            if not loader.num_workers and not self.accelerator:
+                raise ValueError(
+                    "a DataLoader over an IterableDataset keeps its num_workers (the dataset shards itself across"
+                    " them), and with num_workers=0 and no accelerator in use no other setting applies"
+                )
+            self.kept.append(
+                f"num_workers={loader.num_workers}, as yours: an IterableDataset shards itself across its workers"
+                " (another count would change what it yields)"
+            )
+            self.kept.append(
+                f"persistent_workers={loader.persistent_workers}, as yours: an IterableDataset's epoch cannot be cut"
+                " short to time the start of the next"
+            )
         if not self.accelerator:
             self.kept.append(f"pin_memory={loader.pin_memory}, as yours: no accelerator in use, pinning gains nothing")
-        if loader.batch_size is None:
+        if loader.batch_size is None and loader.batch_sampler is not None:
             self.kept.append(f"the batch sampler ({type(loader.batch_sampler).__name__}) is reused as it is")
-        elif not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+        elif not self.iterable and not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
             self.kept.append(f"the sampler ({type(loader.sampler).__name__}) is reused as it is")
         self.pin_memory = bool(loader.pin_memory) if self.accelerator else None  # the pinning to try the other of
         prefetch = loader.prefetch_factor if loader.num_workers and loader.prefetch_factor != 2 else None
-        self.original = Setting(loader.num_workers, prefetch)  # torch's default prefetching is None here
+        persistent = True if loader.num_workers and loader.persistent_workers else None
+        self.original = Setting(loader.num_workers, prefetch, persistent_workers=persistent)
+        self.describe = describe(loader)
 
-    def build(self, setting: Setting) -> Any:
+    def build(self, setting: Setting, steps: int) -> Any:
+        """The DataLoader for one trial of ``steps`` timed steps. With persistent workers its epoch ends right
+        after the trial (the sampler cut; what is left is drained untimed), so that the next epoch's start is
+        timed as at a real epoch's end, with nothing prefetched left for the workers to drain."""
         from torch.utils.data import DataLoader, RandomSampler
 
         loader = self.loader
-        sampler = loader.sampler
-        if isinstance(sampler, RandomSampler):
-            sampler = RandomSampler(cast(Any, loader.dataset))  # a fresh order, as a new epoch's
-        batching: dict[str, Any] = (
-            {"batch_size": loader.batch_size, "sampler": sampler, "drop_last": loader.drop_last}
-            if loader.batch_size is not None
-            else {"batch_sampler": loader.batch_sampler}  # its own: reused as it is
-        )
+        # the trial's batches, then those in flight at its end: the timed steps see the steady state to the last
+        batches = 1 + 2 * settling_batches(setting) + steps if setting.persistent_workers else None
+        sampling: dict[str, Any] = {}
+        if not self.iterable:
+            sampler = loader.sampler
+            if isinstance(sampler, RandomSampler):
+                sampler = RandomSampler(cast(Any, loader.dataset))  # a fresh order, as a new epoch's
+            sampling["sampler"] = sampler
+        if loader.batch_size is not None:
+            if batches is not None:
+                sampling["sampler"] = FirstOnes(sampling["sampler"], batches * loader.batch_size)
+            batching = {"batch_size": loader.batch_size, "drop_last": loader.drop_last, **sampling}
+        elif loader.batch_sampler is not None:
+            batch_sampler = loader.batch_sampler  # its own: reused as it is
+            batching = {"batch_sampler": batch_sampler if batches is None else FirstOnes(batch_sampler, batches)}
+        else:
+            if batches is not None:
+                sampling["sampler"] = FirstOnes(sampling["sampler"], batches)
+            batching = {"batch_size": None, **sampling}  # the dataset's items are the batches
         options: dict[str, Any] = {
             **batching,
             "collate_fn": loader.collate_fn,
@@ -76,9 +105,43 @@ class Rebuilder:
         }
         if setting.num_workers:
             options["prefetch_factor"] = setting.prefetch_factor or 2
+            options["persistent_workers"] = bool(setting.persistent_workers)
             options["multiprocessing_context"] = loader.multiprocessing_context
         with more_workers_than_cores():
-            return DataLoader(loader.dataset, **options)
+            trial = DataLoader(loader.dataset, **options)
+        trial.stepwatch_tune_trial = True  # its loop is the tuning's own
+        return trial
+
+
+def describe(loader: Any) -> str:
+    """Which DataLoader is tuned, in a few words: its dataset, batch size and epoch length."""
+    dataset = type(loader.dataset).__name__
+    with contextlib.suppress(TypeError):
+        dataset += f" ({len(loader.dataset)} samples)"
+    parts = [dataset]
+    if loader.batch_size is not None:
+        parts.append(f"batch_size={loader.batch_size}")
+    elif getattr(loader.batch_sampler, "batch_size", None) is not None:
+        parts.append(f"batch_size={loader.batch_sampler.batch_size} ({type(loader.batch_sampler).__name__})")
+    with contextlib.suppress(TypeError):
+        parts.append(f"{len(loader)} batches an epoch")
+    return ", ".join(parts)
+
+
+class FirstOnes:
+    """The first ``count`` indices (or batches) of a sampler: an epoch that ends when a trial does."""
+
+    def __init__(self, sampler: Any, count: int) -> None:
+        self.sampler, self.count = sampler, count
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.sampler), self.count)
+
+    def __len__(self) -> int:
+        try:
+            return min(self.count, len(self.sampler))
+        except TypeError:
+            return self.count
 
 
 def _accelerator() -> bool:
@@ -102,20 +165,34 @@ def better(candidate: Trial, best: Trial) -> bool:
     return best.per_step - candidate.per_step > max(candidate.noise, best.noise)
 
 
+def preferred(candidate: Trial, incumbent: Trial) -> bool:
+    """Faster per step beyond the noise; or, for the same setting with persistent workers, starting an epoch
+    faster with the two times per step within each other's noise (persistence changes nothing between epochs:
+    a difference there is chance, unless the two intervals do not even touch)."""
+    if candidate.setting == replace(incumbent.setting, persistent_workers=True) != incumbent.setting:
+        slower = candidate.per_step - incumbent.per_step > candidate.noise + incumbent.noise
+        return candidate.epoch_start_s < incumbent.epoch_start_s and not slower
+    return better(candidate, incumbent)
+
+
 def plan(
-    original: Setting, max_workers: int | None = None, pin_memory: bool | None = None
+    original: Setting, max_workers: int | None = None, pin_memory: bool | None = None, map_style: bool = True
 ) -> Generator[Setting, Trial, Setting]:
     """The search, as a generator: it yields the next setting to try and is sent its trial; it returns the
-    setting chosen. ``num_workers`` is climbed from 0 until two settings in a row gain nothing beyond the noise
-    (past the CPU count, up to twice the cores, while the best workers still leave the loop waiting), then
-    ``prefetch_factor`` is tried for the best, then, with an accelerator in use (``pin_memory``: the program's own
-    pinning), the other pinning; then the original and the best are run once more."""
+    setting chosen. ``num_workers`` is climbed from 0 (for a ``map_style`` dataset: an IterableDataset shards
+    itself across its workers) until two settings in a row gain
+    nothing beyond the noise (past the CPU count, up to twice the cores, while the best workers leave the loop
+    waiting and are themselves seen waiting rather than computing), then ``prefetch_factor`` is tried for the
+    best, then, with an accelerator in use (``pin_memory``: the program's own pinning), the other pinning, then
+    persistent workers (chosen when an epoch starts faster with them and the steps are not slower beyond the
+    noise; for a ``map_style`` dataset, whose epoch a trial can end); then the original and the best are run once
+    more."""
     cores = os.cpu_count() or 1
     limit = max_workers if max_workers is not None else cores
     best = yield original
     tried = {original}
     workers, misses, extended = -1, 0, max_workers is not None
-    while misses < 2:
+    while map_style and misses < 2:
         workers = _next_workers(workers)
         if workers > limit:
             if extended or best.setting.num_workers != limit or not _waiting(best):
@@ -128,7 +205,7 @@ def plan(
         trial = yield setting
         if better(trial, best):
             best, misses = trial, 0
-        else:
+        elif workers > best.setting.num_workers:  # fewer workers than the best so far: no step past it
             misses += 1
     if best.setting.num_workers:
         for factor in PREFETCH:
@@ -143,24 +220,31 @@ def plan(
         trial = yield setting
         if better(trial, best):
             best = trial
+    if map_style and best.setting.num_workers and not best.setting.persistent_workers:
+        setting = replace(best.setting, persistent_workers=True)
+        if setting not in tried:
+            trial = yield setting
+            if preferred(trial, best):
+                best = trial
     yield original  # confirm: the original and the best once more, their trials pooled
     if best.setting != original:
         yield best.setting
     return best.setting
 
 
-def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str]) -> Tuning:
+def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str], loader: str = "") -> Tuning:
     """The tuning, every setting's trials pooled: the search's choice, or a setting faster than it beyond the
     noise (its confirmation may have come out slower than its first trial), unless that does not beat the
     original beyond the noise."""
-    result = Tuning(original, chosen, tuple(trials), tuple(kept))
+    result = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
     pooled = [result.of(setting) for setting in dict.fromkeys(trial.setting for trial in trials)]
     fastest = min(pooled, key=lambda trial: trial.per_step)
     if better(fastest, result.of(chosen)):
         chosen = fastest.setting
-    if chosen != original and not better(result.of(chosen), result.of(original)):
+    confirming = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
+    if chosen != original and not preferred(confirming.measured(chosen), confirming.measured(original)):
         chosen = original  # not confirmed
-    return Tuning(original, chosen, tuple(trials), tuple(kept))
+    return Tuning(original, chosen, tuple(trials), tuple(kept), loader)
 
 
 def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_workers: int | None = None) -> Tuning:
@@ -172,14 +256,14 @@ def tune(loader: Any, step: Callable[[Any], Any], steps: int = STEPS, max_worker
     if not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps must be an integer of at least 2, got {steps!r}")
     trials: list[Trial] = []
-    search = plan(rebuilder.original, max_workers, rebuilder.pin_memory)
+    search = plan(rebuilder.original, max_workers, rebuilder.pin_memory, map_style=not rebuilder.iterable)
     setting = next(search)
     while True:
-        trials.append(_measure(setting, rebuilder.build(setting), step, steps))
+        trials.append(_measure(setting, rebuilder.build(setting, steps), step, steps))
         try:
             setting = search.send(trials[-1])
         except StopIteration as done:
-            return conclude(rebuilder.original, done.value, trials, rebuilder.kept)
+            return conclude(rebuilder.original, done.value, trials, rebuilder.kept, rebuilder.describe)
 
 
 def settling_batches(setting: Setting) -> int:
@@ -194,8 +278,9 @@ def _next_workers(workers: int) -> int:
 
 
 def _waiting(trial: Trial) -> bool:
-    """Whether the loop still waits for data with that many workers (they wait on I/O rather than compute)."""
-    return trial.wait_share > 0.05
+    """Whether the loop still waits for data with that many workers while they wait rather than compute (on
+    reads: busy under half their time; a worker that computes while the loop waits is on a CPU nearly always)."""
+    return trial.wait_share > 0.05 and (trial.workers_busy is None or trial.workers_busy < 0.5)
 
 
 def _measure(setting: Setting, loader: Any, step: Callable[[Any], Any], steps: int) -> Trial:
@@ -206,37 +291,96 @@ def _measure(setting: Setting, loader: Any, step: Callable[[Any], Any], steps: i
     return done[0]
 
 
-def trial_batches(setting: Setting, loader: Any, steps: int, done: list[Trial]) -> Iterator[Any]:
+def trial_batches(
+    setting: Setting,
+    loader: Any,
+    steps: int,
+    done: list[Trial],
+    interrupted: Callable[[], bool] | None = None,
+) -> Iterator[Any]:
     """The batches of one trial, for the program's step to run on, from a fresh iterator: its first batch and
     what its workers prefetched meanwhile (untimed), then ``steps`` timed ones: each step's time runs from the
-    wait for its batch to the request for the next. When they are all run, the trial is appended to ``done``."""
+    wait for its batch to the request for the next. A step during which ``interrupted()`` says the program did
+    something else (another loader's loop: a validation) is not timed (at most twice ``steps`` batches are
+    taken). When they are all run, the trial is appended to ``done``."""
     clock = time.perf_counter
-    with more_workers_than_cores():
-        iterator: Iterator[Any] = iter(loader)
     started = clock()
-    try:
-        first = next(iterator)
-    except StopIteration:
-        raise ValueError("the DataLoader gives no batch: nothing to tune") from None
+    with more_workers_than_cores():
+        children = {process.pid for process in multiprocessing.active_children()}
+        epochs = Epochs(loader)
+        workers = {process.pid for process in multiprocessing.active_children()} - children
+    if not setting.num_workers:
+        workers = set()
+    first = epochs.take()
     first_batch = clock() - started
     yield first
     for _ in range(settling_batches(setting)):
-        batch = next(iterator, None)
-        if batch is None:
-            break
-        yield batch
+        yield epochs.take()
     step_s, wait_s = [], []
-    mark = clock()
-    for _ in range(steps):
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            break
+    interrupted = interrupted or (lambda: False)
+    interrupted()  # what happened before the timed steps does not count
+    cpu_before, epoch = _cpu_seconds(workers), epochs.count
+    mark = began = clock()
+    for _ in range(2 * steps):
+        batch = epochs.take()
         wait = clock() - mark
         yield batch
         now = clock()
-        step_s.append(now - mark)
-        wait_s.append(wait)
+        if not interrupted():  # an epoch that ends within a trial: its restart is part of the training's time
+            step_s.append(now - mark)
+            wait_s.append(wait)
+            if len(step_s) == steps:
+                mark = now
+                break
         mark = now
-    del iterator  # its workers end now, not with the next setting's
-    done.append(Trial(setting, tuple(step_s), tuple(wait_s), first_batch))
+    cpu_after = _cpu_seconds(workers) if epochs.count == epoch else None  # else the workers have changed
+    busy = None
+    if cpu_before is not None and cpu_after is not None and mark > began:
+        busy = (cpu_after - cpu_before) / ((mark - began) * len(workers))
+    restart = None
+    if setting.persistent_workers:
+        for _ in epochs.iterator:  # the rest of the epoch (cut short to the trial's length), so that it ends
+            pass
+        mark = clock()
+        epochs.take()  # a new epoch: the workers kept, what they had prefetched dropped
+        restart = clock() - mark
+    del epochs  # its workers end now, not with the next setting's
+    done.append(Trial(setting, tuple(step_s), tuple(wait_s), first_batch, restart, busy))
+
+
+class Epochs:
+    """A loader's batches across its epochs (a small dataset's epoch may be shorter than a trial)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.iterator: Iterator[Any] = iter(loader)
+        self.count = 1
+
+    def take(self) -> Any:
+        """The next batch, from a new epoch when one ends. ValueError for a loader without batches."""
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            pass
+        with more_workers_than_cores():
+            self.iterator = iter(self.loader)
+        self.count += 1
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            raise ValueError("the DataLoader gives no batch: nothing to tune") from None
+
+
+def _cpu_seconds(pids: set[int | None]) -> float | None:
+    """The CPU time the processes ``pids`` have used (Linux's per-process scheduler statistics), or None: no
+    processes, one gone, or no such statistics on this system."""
+    if not pids:
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat", encoding="ascii") as stats:
+                total += int(stats.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+    return total / 1e9

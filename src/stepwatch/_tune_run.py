@@ -44,75 +44,114 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class TuneSession:
-    """The tuning of one program: its first DataLoader loop is replaced by :meth:`tuned`."""
+    """The tuning of one program. Every loop over a DataLoader in the main thread gets a :class:`Loop`; the first
+    one in which the program steps an optimizer is its training loop: from its next batch on, it (and each of its
+    later epochs) is fed by :meth:`tuned`, the search's trials, until the search ends. Loops over other loaders
+    (a validation run, Lightning's sanity check) pass through, and a step during which one ran is not timed."""
 
     def __init__(self, steps: int, max_workers: int | None, out: str | None) -> None:
         self.steps = steps
         self.max_workers = max_workers
         self.out = out
         self.thread = threading.get_ident()
-        self.started = False
-        self.optimizer_steps = 0
+        self.loader: Any = None
+        """The training loop's DataLoader, once found."""
+        self.feed: Iterator[Any] | None = None
+        self.last: Loop | None = None
+        """The loop that gave the latest batch."""
+        self.batch_since_step = False
+        self.steps_without_loop = 0
+        self.elsewhere = 0
+        """Batches given by other loops, to tell a step that ran another loop (not timed)."""
+        self.trials: list[Trial] = []
+        self.rebuilder: Rebuilder | None = None
+        self.done = 0
+        self.finished = False
+
+    @property
+    def started(self) -> bool:
+        return self.feed is not None
 
     def wrap_iter(self, original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
         def __iter__(loader: Any) -> Iterator[Any]:
-            if self.started or threading.get_ident() != self.thread:
+            if self.finished or threading.get_ident() != self.thread or hasattr(loader, "stepwatch_tune_trial"):
                 return original(loader)
-            self.started = True
-            try:
-                rebuilder = Rebuilder(loader)
-            except ValueError as error:
-                raise SystemExit(f"stepwatch tune: {error}: nothing to tune") from None
-            return self.tuned(rebuilder)
+            if loader is self.loader:
+                return Loop(self, None)  # a later epoch of the training loop: the search goes on
+            return Loop(self, original(loader), loader)
 
         __iter__.__wrapped__ = original  # type: ignore[attr-defined]
         return __iter__
 
     def optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Without any DataLoader loop, the program trains on tensors it slices itself: nothing to tune."""
+        """The loop that gave the batch this step trained on is the training loop; without any, the program
+        trains on tensors it slices itself: nothing to tune."""
         if self.started or threading.get_ident() != self.thread:
             return
-        self.optimizer_steps += 1
-        if self.optimizer_steps >= NO_LOOP_STEPS:
+        if self.last is not None and self.batch_since_step:
+            self.last.training = True
+            self.batch_since_step = False
+            return
+        self.steps_without_loop += 1
+        if self.steps_without_loop >= NO_LOOP_STEPS:
             raise SystemExit(
                 f"stepwatch tune: {NO_LOOP_STEPS} optimizer steps and no loop over a DataLoader: the program makes"
                 " its batches itself (nanoGPT-style slicing), there is no DataLoader to tune"
             )
 
-    def tuned(self, rebuilder: Rebuilder) -> Iterator[Any]:
-        """The program's loop: batches from a DataLoader per setting, each step timed, until the search ends;
-        then the table and the stop. A program that leaves its loop first gets the table of what was measured."""
-        trials: list[Trial] = []
-        search = plan(rebuilder.original, self.max_workers, rebuilder.pin_memory)
-        setting = next(search)
-        done = 0
+    def start(self, loader: Any) -> Iterator[Any]:
+        """The search begins on the training loop's DataLoader."""
         try:
-            while True:
-                try:
-                    for batch in trial_batches(setting, rebuilder.build(setting), self.steps, trials):
-                        yield batch  # the program's step on it
-                        done += 1
-                except ValueError as error:
-                    raise SystemExit(f"stepwatch tune: {error}") from None
-                try:
-                    setting = search.send(trials[-1])
-                except StopIteration as finished:
-                    self.report(conclude(rebuilder.original, finished.value, trials, rebuilder.kept))
-                    sys.stderr.write(
-                        f"stepwatch tune: stopped the program at step {done}: the training it ran was for measuring"
-                        " only (a checkpoint it wrote is not a finished training)\n"
-                    )
-                    raise StoppedByStepwatch(done) from None
-        except GeneratorExit:  # the program left its loop (a break, its max_steps) before the search ended
-            if trials:
-                fastest = min(trials, key=lambda trial: trial.per_step).setting
-                kept = [*rebuilder.kept, f"the search: the program's loop ended at step {done}, before it did"]
-                self.report(conclude(rebuilder.original, fastest, trials, kept))
-            else:
-                sys.stderr.write(
-                    f"stepwatch tune: the program's loop ended at step {done}, before a setting was measured\n"
+            self.rebuilder = Rebuilder(loader)
+        except ValueError as error:
+            raise SystemExit(f"stepwatch tune: {error}: nothing to tune") from None
+        self.loader = loader
+        self.feed = self.tuned(self.rebuilder)
+        return self.feed
+
+    def interrupted(self, seen: list[int]) -> bool:
+        """Whether another loop gave batches since the last call (``seen`` keeps the count between calls)."""
+        before, seen[0] = seen[0], self.elsewhere
+        return self.elsewhere != before
+
+    def tuned(self, rebuilder: Rebuilder) -> Iterator[Any]:
+        """The training loop's batches: from a DataLoader per setting, each step timed, until the search ends;
+        then the table and the stop."""
+        search = plan(rebuilder.original, self.max_workers, rebuilder.pin_memory, map_style=not rebuilder.iterable)
+        setting = next(search)
+        seen = [self.elsewhere]
+        while True:
+            loader = rebuilder.build(setting, self.steps)
+            try:
+                for batch in trial_batches(setting, loader, self.steps, self.trials, lambda: self.interrupted(seen)):
+                    yield batch  # the program's step on it
+                    self.done += 1
+            except ValueError as error:
+                raise SystemExit(f"stepwatch tune: {error}") from None
+            try:
+                setting = search.send(self.trials[-1])
+            except StopIteration as finished:
+                self.finished = True
+                self.report(
+                    conclude(rebuilder.original, finished.value, self.trials, rebuilder.kept, rebuilder.describe)
                 )
-            raise
+                sys.stderr.write(
+                    f"stepwatch tune: stopped the program at step {self.done}: the training it ran was for measuring"
+                    " only (a checkpoint it wrote is not a finished training)\n"
+                )
+                raise StoppedByStepwatch(self.done) from None
+
+    def ended_early(self) -> None:
+        """The program ended its training before the search did: the table of what was measured."""
+        if self.finished or self.rebuilder is None:
+            return
+        self.finished = True
+        if not self.trials:
+            sys.stderr.write(f"stepwatch tune: the training ended at step {self.done}, before a setting was measured\n")
+            return
+        fastest = min(self.trials, key=lambda trial: trial.per_step).setting
+        kept = [*self.rebuilder.kept, f"the search: the training ended at step {self.done}, before it did"]
+        self.report(conclude(self.rebuilder.original, fastest, self.trials, kept, self.rebuilder.describe))
 
     def report(self, tuning: Tuning) -> None:
         text = tuning.render()
@@ -121,6 +160,36 @@ class TuneSession:
             text += f"stepwatch tune: saved to {os.path.relpath(self.out)}\n"
         sys.stderr.write(text)
         sys.stderr.flush()
+
+
+class Loop:
+    """One loop of the program over a DataLoader: its own batches until it is found to be the training loop,
+    then the tuning's (``own`` None: a later epoch of the training loop, fed by the tuning from the start)."""
+
+    def __init__(self, session: TuneSession, own: Iterator[Any] | None, loader: Any = None) -> None:
+        self.session, self.own, self.loader = session, own, loader
+        self.training = False
+        self.taken = 0
+
+    def __iter__(self) -> Loop:
+        return self
+
+    def __next__(self) -> Any:
+        session = self.session
+        if self.own is None or (self.training and not session.finished):
+            if self.own is not None:
+                self.own = None  # its workers end: the tuning's loaders take over
+                session.start(self.loader)
+                session.done = self.taken  # the training's steps so far
+            assert session.feed is not None
+            return next(session.feed)
+        batch = next(self.own)
+        self.taken += 1
+        if session.started:
+            session.elsewhere += 1
+        else:
+            session.last, session.batch_since_step = self, True
+        return batch
 
 
 def main(arguments: Sequence[str]) -> int:
@@ -149,6 +218,7 @@ def main(arguments: Sequence[str]) -> int:
         code = run_program(args.module, program)
     finally:
         patches.undo()
+        session.ended_early()
     if not session.started:
         print("stepwatch tune: the program ended without a loop over a DataLoader: nothing to tune", file=sys.stderr)
         return 1

@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 
@@ -20,6 +21,8 @@ class Setting:
     """None: torch's default (2 with workers)."""
     pin_memory: bool | None = None
     """None: as the program has it (tried only with an accelerator in use)."""
+    persistent_workers: bool | None = None
+    """None: torch's default (False): each epoch starts its workers again."""
 
     def arguments(self) -> dict[str, Any]:
         """The ``DataLoader(...)`` arguments that differ from torch's defaults (and ``pin_memory`` when tried)."""
@@ -28,6 +31,8 @@ class Setting:
             arguments["prefetch_factor"] = self.prefetch_factor
         if self.pin_memory is not None:
             arguments["pin_memory"] = self.pin_memory
+        if self.persistent_workers is not None:
+            arguments["persistent_workers"] = self.persistent_workers
         return arguments
 
     def describe(self) -> str:
@@ -43,6 +48,16 @@ class Trial:
     step_s: tuple[float, ...]
     wait_s: tuple[float, ...]
     first_batch_s: float
+    restart_s: float | None = None
+    """With persistent workers: the wait for the first batch of a new epoch (the workers kept)."""
+    workers_busy: float | None = None
+    """The share of their time the workers spent on a CPU during the timed steps (None: no workers, or no way
+    to read it on this system). Low while the loop waits: they wait on reads rather than compute."""
+
+    @property
+    def epoch_start_s(self) -> float:
+        """What each epoch's start costs: a fresh iterator's first batch, or a persistent one's restart."""
+        return self.first_batch_s if self.restart_s is None else self.restart_s
 
     @property
     def per_step(self) -> float:
@@ -61,8 +76,19 @@ class Trial:
 
     @property
     def noise(self) -> float:
-        """How far the mean could be off by chance: twice its standard error (about a 95% interval)."""
-        return 2 * self.spread / len(self.step_s) ** 0.5 if len(self.step_s) > 1 else 0.0
+        """How far the mean could be off by chance: twice its standard error (about a 95% interval). With
+        workers, steps are not independent (batches come in rounds of one per worker, ready ones and waited-for
+        ones in turn), so the standard error of the means of whole rounds is taken where it is the larger."""
+        count = len(self.step_s)
+        if count < 2:
+            return 0.0
+        independent: float = 2 * self.spread / count**0.5
+        size = max(1, self.setting.num_workers)
+        rounds = [statistics.fmean(self.step_s[i : i + size]) for i in range(0, count - size + 1, size)]
+        if size == 1 or len(rounds) < 3:
+            return independent
+        between_rounds: float = statistics.stdev(rounds)
+        return max(independent, 2 * between_rounds / math.sqrt(len(rounds)))
 
     @property
     def wait_share(self) -> float:
@@ -80,6 +106,8 @@ class Tuning:
     trials: tuple[Trial, ...]
     kept: tuple[str, ...] = ()
     """What was kept as the program had it, and why (it could not be rebuilt or tried)."""
+    loader: str = ""
+    """Which DataLoader was tuned: its dataset, batch size and epoch length."""
 
     def of(self, setting: Setting) -> Trial:
         """A setting's figures, its trials pooled."""
@@ -88,48 +116,91 @@ class Tuning:
             raise KeyError(setting.describe())
         steps = tuple(value for trial in runs for value in trial.step_s)
         waits = tuple(value for trial in runs for value in trial.wait_s)
-        return Trial(setting, steps, waits, min(trial.first_batch_s for trial in runs))
+        restarts = [trial.restart_s for trial in runs if trial.restart_s is not None]
+        busy = [trial.workers_busy for trial in runs if trial.workers_busy is not None]
+        return Trial(
+            setting,
+            steps,
+            waits,
+            min(trial.first_batch_s for trial in runs),
+            min(restarts) if restarts else None,
+            sum(busy) / len(busy) if busy else None,
+        )
+
+    def measured(self, setting: Setting) -> Trial:
+        """A setting's figures as the table gives them: its trials pooled, except the best's, which is its
+        confirming run alone when it has one (the run that got it chosen is the luckiest of several, so it
+        flatters it: the winner's curse)."""
+        if setting == self.best:
+            runs = [trial for trial in self.trials if trial.setting == setting]
+            if len(runs) > 1:
+                return runs[-1]
+        return self.of(setting)
 
     @property
     def gain(self) -> float:
         """The best's time per step against the original's, as a fraction (negative: faster)."""
-        before, after = self.of(self.original).per_step, self.of(self.best).per_step
+        before, after = self.measured(self.original).per_step, self.measured(self.best).per_step
         return after / before - 1 if before else 0.0
 
     def recommendation(self) -> str:
         if self.best == self.original:
             return f"your settings are already the fastest measured ({self.original.describe()})"
-        before, after = self.of(self.original), self.of(self.best)
-        return (
+        before, after = self.measured(self.original), self.measured(self.best)
+        text = (
             f"DataLoader({self.best.describe()}): {after.per_step * 1e3:.1f} ms per step instead of"
             f" {before.per_step * 1e3:.1f} ms ({self.gain:+.1%}; each ± {max(before.noise, after.noise) * 1e3:.1f} ms)"
         )
+        if self.best.persistent_workers and not self.original.persistent_workers:
+            fresh = replace(self.best, persistent_workers=None)
+            if any(trial.setting == fresh for trial in self.trials):
+                text += (
+                    f"; persistent workers start an epoch in {after.epoch_start_s * 1e3:.0f} ms instead of"
+                    f" {self.of(fresh).epoch_start_s * 1e3:.0f} ms"
+                )
+        return text
 
     def render(self) -> str:
         settings = list(dict.fromkeys(trial.setting for trial in self.trials))
-        rows = [("setting", "ms/step", "± noise", "p50 ms", "spread ms", "wait %", "first batch ms", "vs yours")]
-        base = self.of(self.original).per_step
+        rows = [
+            (
+                "setting",
+                "ms/step",
+                "± noise",
+                "p50 ms",
+                "spread ms",
+                "wait %",
+                "workers busy",
+                "epoch start ms",
+                "vs yours",
+            )
+        ]
+        base = self.measured(self.original).per_step
         for setting in settings:
-            pooled = self.of(setting)
+            figures = self.measured(setting)
             mark = " (yours)" if setting == self.original else " (best)" if setting == self.best else ""
-            change = "-" if setting == self.original or not base else f"{pooled.per_step / base - 1:+.1%}"
+            change = "-" if setting == self.original or not base else f"{figures.per_step / base - 1:+.1%}"
             rows.append(
                 (
                     setting.describe() + mark,
-                    f"{pooled.per_step * 1e3:.2f}",
-                    f"{pooled.noise * 1e3:.2f}",
-                    f"{pooled.p50 * 1e3:.2f}",
-                    f"{pooled.spread * 1e3:.2f}",
-                    f"{pooled.wait_share:.1%}",
-                    f"{pooled.first_batch_s * 1e3:.0f}",
+                    f"{figures.per_step * 1e3:.2f}",
+                    f"{figures.noise * 1e3:.2f}",
+                    f"{figures.p50 * 1e3:.2f}",
+                    f"{figures.spread * 1e3:.2f}",
+                    f"{figures.wait_share:.1%}",
+                    "-" if figures.workers_busy is None else f"{figures.workers_busy:.0%}",
+                    f"{figures.epoch_start_s * 1e3:.0f}",
                     change,
                 )
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = [
             "stepwatch tune: the DataLoader settings measured on your own training step (ms/step: the mean, ± twice"
-            " its standard error)"
+            " its standard error, the best's from its confirming run alone; workers busy: their share of time on a CPU;"
+            " epoch start: the wait for an epoch's first batch)"
         ]
+        if self.loader:
+            lines.append(f"the loader tuned: {self.loader}")
         for row in rows:
             lines.append(
                 "  ".join([row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True))])
@@ -144,28 +215,40 @@ class Tuning:
             "original": asdict(self.original),
             "best": asdict(self.best),
             "kept": list(self.kept),
+            "loader": self.loader,
             "trials": [
-                {"setting": asdict(t.setting), "step_s": t.step_s, "wait_s": t.wait_s, "first_batch_s": t.first_batch_s}
+                {
+                    "setting": asdict(t.setting),
+                    "step_s": t.step_s,
+                    "wait_s": t.wait_s,
+                    "first_batch_s": t.first_batch_s,
+                    "restart_s": t.restart_s,
+                    "workers_busy": t.workers_busy,
+                }
                 for t in self.trials
             ],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tuning:
-        """What :meth:`to_dict` wrote; ValueError naming what is wrong."""
+        """What :meth:`to_dict` wrote, every field checked; ValueError naming what is wrong, in one line."""
         try:
-            trials = tuple(
-                Trial(
-                    Setting(**trial["setting"]),
-                    tuple(float(v) for v in trial["step_s"]),
-                    tuple(float(v) for v in trial["wait_s"]),
-                    float(trial["first_batch_s"]),
-                )
-                for trial in data["trials"]
-            )
-            return cls(Setting(**data["original"]), Setting(**data["best"]), trials, tuple(map(str, data["kept"])))
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"not a tuning saved by stepwatch tune ({type(error).__name__}: {error})") from None
+            trials = tuple(_trial_from(trial) for trial in data["trials"])
+            original, best = _setting_from(data["original"]), _setting_from(data["best"])
+            kept = data["kept"]
+            if not isinstance(kept, list) or not all(isinstance(line, str) for line in kept):
+                raise ValueError("kept is not a list of texts")
+            settings = {trial.setting for trial in trials}
+            if original not in settings or best not in settings:
+                raise ValueError("the original or the best setting has no trial")
+            loader = data.get("loader", "")
+            if not isinstance(loader, str):
+                raise ValueError("loader is not a text")
+            kept_lines = tuple(line.replace("\n", " ") for line in kept)
+            return cls(original, best, trials, kept_lines, loader.replace("\n", " "))
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as error:
+            message = str(error).replace("\n", " ")[:200]
+            raise ValueError(f"not a tuning saved by stepwatch tune ({type(error).__name__}: {message})") from None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         with open(path, "w", encoding="utf-8") as file:
@@ -173,12 +256,51 @@ class Tuning:
             file.write("\n")
 
 
+def _setting_from(data: Any) -> Setting:
+    if not isinstance(data, dict):
+        raise ValueError("a setting is not an object")
+    setting = Setting(**data)
+    if type(setting.num_workers) is not int or not 0 <= setting.num_workers <= 4096:
+        raise ValueError(f"num_workers {setting.num_workers!r}")
+    prefetch = setting.prefetch_factor
+    if prefetch is not None and (type(prefetch) is not int or not 1 <= prefetch <= 4096):
+        raise ValueError(f"prefetch_factor {prefetch!r}")
+    for flag in (setting.pin_memory, setting.persistent_workers):
+        if flag is not None and not isinstance(flag, bool):
+            raise ValueError(f"a switch that is not true, false or null: {flag!r}")
+    return setting
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+        raise ValueError(f"not a time in seconds: {value!r:.40}")
+    return float(value)
+
+
+def _trial_from(data: Any) -> Trial:
+    if not isinstance(data, dict):
+        raise ValueError("a trial is not an object")
+    step_s = tuple(_seconds(value) for value in data["step_s"])
+    wait_s = tuple(_seconds(value) for value in data["wait_s"])
+    if not step_s or len(wait_s) != len(step_s):
+        raise ValueError("a trial's steps and waits are empty or of different lengths")
+    restart, busy = data.get("restart_s"), data.get("workers_busy")
+    return Trial(
+        _setting_from(data["setting"]),
+        step_s,
+        wait_s,
+        _seconds(data["first_batch_s"]),
+        None if restart is None else _seconds(restart),
+        None if busy is None else _seconds(busy),
+    )
+
+
 def load_tuning(path: str | os.PathLike[str]) -> Tuning | None:
     """The tuning saved at ``path`` by ``stepwatch tune -o``; None when the file is not one (a saved run)."""
     try:
         with open(path, encoding="utf-8") as file:
             data = json.load(file)
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None  # said by whoever reads it as a run
     if not isinstance(data, dict) or "stepwatch_tune" not in data:
         return None

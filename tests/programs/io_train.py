@@ -1,6 +1,7 @@
 """A training script whose samples are read slowly (each read sleeps, as one from a network disk would), trained
 with the DataLoader settings given: the tests tune it with ``stepwatch tune`` and time it with ``stepwatch run``.
-Never imports stepwatch. Options: --workers, --prefetch, --read-ms, --samples, --epochs."""
+Never imports stepwatch. Options: --workers, --prefetch, --persistent, --read-ms, --samples,
+--epochs, --max-steps (the training ends there, as a trainer's max_steps ends it)."""
 
 import argparse
 import time
@@ -29,20 +30,28 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--prefetch", type=int, default=None)
+    parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--read-ms", type=float, default=6.0)
     parser.add_argument("--samples", type=int, default=4000)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     options = {"batch_size": 4, "shuffle": True, "num_workers": args.workers}
     if args.workers and args.prefetch:
         options["prefetch_factor"] = args.prefetch
+    if args.workers and args.persistent:
+        options["persistent_workers"] = True
     loader = DataLoader(SlowReads(args.samples, args.read_ms / 1e3), **options)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    done = 0
     for epoch in range(args.epochs):
         for index, (x, y) in enumerate(loader):
+            if done == args.max_steps:
+                break
+            done += 1
             loss = nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
