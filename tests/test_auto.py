@@ -180,6 +180,26 @@ def test_a_loop_under_no_grad_or_in_eval_mode_is_val(auto: None) -> None:
     assert phases["val"].counters["samples"] == 32
 
 
+def test_samples_are_counted_exactly_with_a_short_last_batch_and_with_a_collate_of_ones_own(auto: None) -> None:
+    """torch's own batching: the first batch is looked into, the full ones after it are counted by the loader's
+    batch size, the short last one looked into (3 loops over 30 samples in batches of 8: 8+8+8+6). A collate of
+    one's own that drops samples: every batch is looked into."""
+    with torch.no_grad():
+        for _ in range(3):
+            for (x,) in DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=8):
+                pass
+    assert stepwatch.summary().phases["val"].counters["samples"] == 90 - 3 * 8  # each loop's first step is apart
+
+    def drop_last_sample(samples: list[Any]) -> Any:
+        return torch.utils.data.default_collate(samples[:-1])
+
+    stepwatch.reset()
+    with torch.no_grad():
+        for (x,) in DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=8, collate_fn=drop_last_sample):
+            pass
+    assert stepwatch.summary().phases["val"].counters["samples"] == 7 + 7 + 5  # 7 in the first step, apart
+
+
 def test_a_loop_guessed_train_that_runs_no_backward_is_renamed_val(auto: None) -> None:
     model = nn.Linear(4, 2)  # training mode, grad enabled: an inference loop looks like training at its start
     for (x,) in DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=8):

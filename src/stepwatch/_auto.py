@@ -18,12 +18,13 @@ import sys
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from threading import get_ident
-from types import ModuleType
+from types import MethodType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import _patches
-from ._batch_size import batch_size
+from ._batch_size import batch_size, uniform_batches
 from ._constants import DEFAULT_PHASE, VAL_PHASE
+from ._counters import add_samples
 from ._external_loops import DrivenLoop, is_empty, rename_phase
 from ._module_calls import ModuleCalls
 
@@ -289,9 +290,11 @@ class AutoSession:
         watched = self.sw.watch(_Plain(loader, original_iter), phase=name, loaders=[loader])
         with contextlib.suppress(TypeError):  # a loader without weak references stays instrumented (and works)
             self.instrumented.add(loader)
-        return self._steps(watched, site, kind, name, created)
+        return self._steps(watched, site, kind, name, created, loader)
 
-    def _steps(self, watched: Any, site: tuple[Any, ...], kind: str, name: str | None, created: bool) -> Iterator[Any]:
+    def _steps(
+        self, watched: Any, site: tuple[Any, ...], kind: str, name: str | None, created: bool, loader: Any
+    ) -> Iterator[Any]:
         thread = get_ident()
         tracked = self.loop_thread in (None, thread)
         if tracked:
@@ -299,7 +302,9 @@ class AutoSession:
             self.loop_depth += 1
         backward_before = self.backward_calls
         batches = 0
-        count = self.sw.count if name is not None else None  # a nested loop's batches are the enclosing one's
+        # a nested loop's batches are the enclosing one's; a batch of torch's own batching is looked into once
+        count = MethodType(add_samples, self.sw) if name is not None else None
+        uniform, full = uniform_batches(loader)
         steps = iter(watched)
         try:
             for batch in steps:
@@ -308,9 +313,11 @@ class AutoSession:
                     self.busy = 0
                     self.open_blocks.clear()
                 if count is not None:
-                    size = batch_size(batch)
+                    size = uniform if 1 < batches <= full else batch_size(batch)
+                    if batches == 1 and size != uniform:
+                        full = 0  # not what its batch size says: every batch is looked into
                     if size:
-                        count(samples=size)
+                        count(size)
                 yield batch
                 if self.evaluation is not None:  # an evaluation at the step's end ends before the next batch
                     self.end_evaluation()

@@ -25,3 +25,18 @@ def batch_size(batch: Any, depth: int = 0) -> int | None:
             for value in batch.values():
                 return batch_size(value, depth + 1)
     return None
+
+
+def uniform_batches(loader: Any) -> tuple[int | None, int]:
+    """For a DataLoader that batches with torch's own batch sampler and collate function: its batch size and how
+    many full batches an epoch has (every batch but a short last one holds ``batch_size`` samples, so the loop
+    need not look into them); ``(None, 0)`` otherwise."""
+    try:
+        from torch.utils.data import default_collate
+
+        size = loader.batch_size
+        if not isinstance(size, int) or size < 1 or loader.collate_fn is not default_collate:
+            return None, 0
+        return size, len(loader.sampler) // size
+    except Exception:  # a loader of any kind: no shortcut
+        return None, 0

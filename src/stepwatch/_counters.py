@@ -37,31 +37,51 @@ def add_counts(self: Stopwatch, **units: float) -> None:
         if type(value) is not int and not (type(value) is float and math.isfinite(value)):
             units = {unit: as_count(unit, value) for unit, value in units.items()}
             break
+    counters = _measured_counters(self)
+    if counters is None:
+        return
+    with self.tree.count_lock:
+        for unit, value in units.items():
+            _add(self, counters, unit, value)
+
+
+def add_samples(self: Stopwatch, size: int) -> None:
+    """``count(samples=size)`` for auto-instrumentation's loop, where ``size`` is a positive int already: no
+    keywords and no checks on the training loop's path."""
+    counters = _measured_counters(self)
+    if counters is not None:
+        with self.tree.count_lock:
+            _add(self, counters, "samples", size)
+
+
+def _measured_counters(self: Stopwatch) -> dict[str, float] | None:
+    """The current phase's counters while measuring (None: not measuring, a dropped step, the first step)."""
     stacks = self.stacks
     if not stacks.measuring:
-        return
+        return None
     local = stacks.local.__dict__  # no AttributeError raised
     stack = local.get("stack")
     if stack is None:  # a fresh thread-local after a switch: the stack knows the phase
         stack = stacks.thread_stack()
         local = stacks.local.__dict__
     if stack[-1][1] is DROPPED:  # inside a step dropped by a switch: its time is not counted either
-        return
+        return None
     name = local.get("phase", DEFAULT_PHASE)
     phase = self.tree.phases.get(name) or self.tree.phase(name)
     if phase.in_first_step:  # the one-off first step: its time is apart, so are its counts
-        return
-    counters = phase.counters
-    with self.tree.count_lock:
-        for unit, value in units.items():
-            try:
-                total = counters.get(unit, 0) + value
-            except OverflowError:  # a saturated float counter plus a huge int
-                total = value
-            if not -COUNTER_LIMIT <= total <= COUNTER_LIMIT:
-                total = COUNTER_LIMIT if total > 0 else -COUNTER_LIMIT
-                _warn_counter(self, unit)
-            counters[unit] = total
+        return None
+    return phase.counters
+
+
+def _add(self: Stopwatch, counters: dict[str, float], unit: str, value: float) -> None:
+    try:
+        total = counters.get(unit, 0) + value
+    except OverflowError:  # a saturated float counter plus a huge int
+        total = value
+    if not -COUNTER_LIMIT <= total <= COUNTER_LIMIT:
+        total = COUNTER_LIMIT if total > 0 else -COUNTER_LIMIT
+        _warn_counter(self, unit)
+    counters[unit] = total
 
 
 _warned: weakref.WeakSet[Stopwatch] = weakref.WeakSet()
