@@ -186,7 +186,7 @@ def test_samples_are_counted_exactly_with_a_short_last_batch_and_with_a_collate_
     one's own that drops samples: every batch is looked into."""
     with torch.no_grad():
         for _ in range(3):
-            for (x,) in DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=8):
+            for (_x,) in DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=8):
                 pass
     assert stepwatch.summary().phases["val"].counters["samples"] == 90 - 3 * 8  # each loop's first step is apart
 
@@ -195,7 +195,7 @@ def test_samples_are_counted_exactly_with_a_short_last_batch_and_with_a_collate_
 
     stepwatch.reset()
     with torch.no_grad():
-        for (x,) in DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=8, collate_fn=drop_last_sample):
+        for (_x,) in DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=8, collate_fn=drop_last_sample):
             pass
     assert stepwatch.summary().phases["val"].counters["samples"] == 7 + 7 + 5  # 7 in the first step, apart
 
