@@ -87,6 +87,23 @@ def traced_run() -> dict[str, Any]:
     return document
 
 
+def flops_run() -> dict[str, Any]:
+    """A run with FLOPs counted on one step and a peak given: metadata.flops and metadata.peak_flops."""
+    import torch
+
+    sw = Stopwatch(flops=True, peak_flops=1e12)
+    sw.enable()
+    model = torch.nn.Linear(4, 2)
+    for (x,) in sw.timed_iter(DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=2)):
+        with sw.timed("forward"):
+            loss = model(x).sum()
+        with sw.timed("backward"):
+            loss.backward()
+    document = json.loads(summary_to_json(sw.summary()))
+    assert document["metadata"]["flops"]["train"]["step"] > 0
+    return document
+
+
 def auto_run() -> dict[str, Any]:
     """A loop recorded by auto-instrumentation: its metadata says what was found."""
     import torch
@@ -113,6 +130,7 @@ RUNS = {
     "device": device_run(),
     "workers": worker_run(),
     "auto": auto_run(),
+    "flops": flops_run(),
     "traced": traced_run(),
 }
 

@@ -25,11 +25,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ._advice import BODY, MODERATELY, WAIT, common_advice, input_advice
 from ._constants import DEFAULT_PHASE
+from ._mfu import flops_of
 
 if TYPE_CHECKING:
     from ._figures import StageStats
@@ -73,7 +74,20 @@ class Verdict:
 
 
 def analyze(summary: Summary) -> Verdict:
-    """The verdict on the main phase of ``summary``."""
+    """The verdict on the main phase of ``summary``; with FLOPs counted, its achieved FLOP/s (and MFU against
+    a known peak) beside the kind: ``compute-bound · 41% MFU (H100 bf16): ...``."""
+    verdict = _verdict(summary)
+    flops = flops_of(summary, summary.main_phase) if verdict.kind != "unknown" else None
+    if flops is None:
+        return verdict
+    figures = {**verdict.figures, "flops_per_s": flops.per_s}
+    if flops.mfu is not None:
+        figures["mfu"] = flops.mfu
+    label, _, rest = verdict.headline.partition(":")
+    return replace(verdict, headline=f"{label}{flops.note()}:{rest}", figures=figures)
+
+
+def _verdict(summary: Summary) -> Verdict:
     phase = summary.main_phase
     stages = phase.stages
     if BODY not in stages or not phase.measured_ns:

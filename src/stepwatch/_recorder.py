@@ -21,8 +21,10 @@ from ._counters import add_counts
 from ._dataloader.reports import WorkerSide
 from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
+from ._flops import FlopCount
 from ._live import LiveView
 from ._loops import OpenLoops, iterate
+from ._peaks import check_peak
 from ._periodic import PeriodicCalls
 from ._results import Results, save_run
 from ._run_span import RunSpan
@@ -65,6 +67,10 @@ class Stopwatch(Results):
         memory: ``"step"`` (default) tracks the device's peak memory per step, with one read of the allocator's
             statistics per step; ``"stage"`` per timed block too, at two reads per block.
         live: show the live view on stderr while it trains (a panel on a terminal; see ``_live``).
+        flops: count the FLOPs of one training step (kept out of the timing; see ``_flops``): the report gives
+            FLOP/s, and MFU on a known accelerator.
+        peak_flops: the device's peak FLOP/s for MFU, where the built-in table (``_peaks``) does not know it;
+            implies ``flops``.
         stop: end the program when the measured window closes (``active`` steps, no ``every``), after its report,
             as ``sys.exit(0)`` would (see ``_window_end``).
         trace_steps: keep the timeline (start and duration of every block, DataLoader workers' included) of
@@ -102,12 +108,16 @@ class Stopwatch(Results):
         trace_steps: int | None = None,
         stop: bool = False,
         live: bool = False,
+        flops: bool = False,
+        peak_flops: float | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.schedule = Schedule(warmup, active, every)
         self.window_end = WindowEnd()
         self.window_end.stop = check_stop(stop, self.schedule)
         check_flag(live, "live")
+        check_flag(flops, "flops")
+        self.peak_flops = check_peak(peak_flops)
         if (sync or nvtx) and device is None:
             raise ValueError("sync and nvtx need a device, e.g. Stopwatch(device='cuda', sync=True)")
         if not callable(clock):
@@ -137,6 +147,7 @@ class Stopwatch(Results):
         self._stop_gathering: Callable[[], None] | None = None
         if trace_steps is not None:
             self._keep_trace(trace_steps)
+        self.flop_count: FlopCount | None = FlopCount(self) if flops or self.peak_flops is not None else None
         self._clear_run()
 
     # -- switching ---------------------------------------------------------------------------------------
@@ -152,6 +163,8 @@ class Stopwatch(Results):
         trace_steps: int | None = None,
         stop: bool | None = None,
         live: bool | None = None,
+        flops: bool | None = None,
+        peak_flops: float | None = None,
     ) -> None:
         """Start recording. With ``out``, the run is also saved there at exit, on an uncaught exception and
         on SIGTERM/SIGINT (a relative path is resolved now, not at exit); in a job of several ranks, at exit
@@ -161,7 +174,8 @@ class Stopwatch(Results):
         of the schedule, and ``trace_steps`` the timeline kept (see :class:`Stopwatch`); the parts not given
         stay. ``stop``: end the program when the measured window closes (see :class:`Stopwatch`); when the window
         closes with ``out``, the run is saved and the report printed on stderr right then. ``live``: show the
-        live view (True) or stop showing it (False)."""
+        live view (True) or stop showing it (False). ``flops`` and ``peak_flops``: count a step's FLOPs (see
+        :class:`Stopwatch`)."""
         schedule = self.schedule
         if warmup is not None or active is not None or every is not None:
             check_steps(warmup, "warmup", optional=True)
@@ -173,6 +187,9 @@ class Stopwatch(Results):
         stopping = self.window_end.stop if stop is None else check_stop(stop, schedule)
         if live is not None:
             check_flag(live, "live")
+        if flops is not None:
+            check_flag(flops, "flops")
+        peak = check_peak(peak_flops)
         path = None if out is None else out_path(out)
         if gather_every is not None:
             check_steps(gather_every, "gather_every", optional=False)
@@ -194,6 +211,10 @@ class Stopwatch(Results):
             elif live is False and self.live is not None:
                 self.live.close()
                 self.live = None
+            if peak is not None:
+                self.peak_flops = peak
+            if (flops or peak is not None) and self.flop_count is None:
+                self.flop_count = FlopCount(self)
             self._open_device()
             self.span.start()
             if stacks.measuring is DROPPING:  # each thread's stack is rebuilt with the blocks opened while off

@@ -84,6 +84,8 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "dropped_blocks": stopwatch.span.dropped_blocks,
         "loaders": {phase: dict(config) for phase, config in stopwatch.tree.loader_configs.items()},
         "auto": None if stopwatch.auto_hooks.describe is None else stopwatch.auto_hooks.describe(),
+        "flops": _flops(stopwatch),
+        "peak_flops": stopwatch.peak_flops,
         **_ranks(),
     }
     metadata["job"] = _job_id() if metadata["rank"] is not None else None
@@ -92,6 +94,15 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
             metadata[key] = printable(value)
     metadata["devices"] = [printable(str(device)) for device in metadata["devices"]]
     return metadata
+
+
+def _flops(stopwatch: Stopwatch) -> dict[str, dict[str, Any]]:
+    """The FLOPs counted per phase (``_flops``), their texts made printable."""
+    counted = {} if stopwatch.flop_count is None else stopwatch.flop_count.counted
+    return {
+        printable(phase): {key: printable(value) if isinstance(value, str) else value for key, value in record.items()}
+        for phase, record in counted.items()
+    }
 
 
 def _ranks() -> dict[str, int | None]:

@@ -19,8 +19,8 @@ import types
 from collections.abc import Sequence
 from types import TracebackType
 
-_VALUED = {"-o", "--out", "--warmup", "--active", "--every", "--device", "--val-phase", "--trace-steps"}
-_FLAGS = {"-q", "--quiet", "-h", "--help", "--stop", "--live"}
+_VALUED = {"-o", "--out", "--warmup", "--active", "--every", "--device", "--val-phase", "--trace-steps", "--peak-flops"}
+_FLAGS = {"-q", "--quiet", "-h", "--help", "--stop", "--live", "--flops"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show a live panel on the terminal while it trains (a plain line every 30 s off a terminal);"
         " also STEPWATCH_LIVE=1",
+    )
+    parser.add_argument(
+        "--flops",
+        action="store_true",
+        help="count the FLOPs of one training step (kept out of the timing): FLOP/s in the report, and MFU on a"
+        " known accelerator",
+    )
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        metavar="FLOPS",
+        help="the device's peak FLOP/s for MFU (e.g. 989e12), where the built-in table does not know it;"
+        " implies --flops",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no report on stderr (the run is still saved)")
     return parser
@@ -118,6 +131,8 @@ def main(arguments: Sequence[str]) -> int:
             trace_steps=args.trace_steps,
             stop=args.stop,
             live=True if args.live or live_from_env() else None,
+            flops=True if args.flops else None,
+            peak_flops=args.peak_flops,
         )
         _default.window_end.report = not args.quiet
         auto(val_phase=args.val_phase, device=args.device)

@@ -34,7 +34,8 @@ MISSING: Any = object()
 
 
 def _fail(where: str, what: str) -> SchemaError:
-    return SchemaError(f"{where}: {what}")
+    """One line: a key from the file (a phase's name) may hold a newline."""
+    return SchemaError(printable(f"{where}: {what}"))
 
 
 def _missing(value: Any, where: str) -> None:
@@ -183,6 +184,16 @@ def check_metadata(data: Any) -> None:
         _str(device, f"metadata.devices[{index}]")
     _optional_int(data.get("dropped_blocks"), "metadata.dropped_blocks")
     _str(data.get("auto"), "metadata.auto")
+    for phase, record in _dict(data.get("flops") or {}, "metadata.flops").items():
+        where = f"metadata.flops.{phase}"
+        _name(phase, where)
+        record = _dict(record, where)
+        for key in ("step", "forward", "backward", "at_step"):
+            _int(record.get(key, MISSING), f"{where}.{key}", 0, 2**126)
+        for key in ("dtype", "device"):
+            _str(record.get(key), f"{where}.{key}")
+    if data.get("peak_flops") is not None:
+        _number(data["peak_flops"], "metadata.peak_flops", 1.0)
     for key in ("rank", "local_rank", "world_size"):
         _optional_int(data.get(key), f"metadata.{key}", 0, MAX_RANKS)
     for phase, config in _dict(data.get("loaders") or {}, "metadata.loaders").items():

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._analysis import analyze
+from .._mfu import flops_of
 
 if TYPE_CHECKING:
     from .._analysis import Comparison, Verdict
@@ -40,7 +41,10 @@ def render_text(summary: Summary) -> str:
     loaders = summary.metadata.get("loaders") or {}
     found = summary.metadata.get("auto")
     sections = [found + "\n"] if found else []
-    sections += [_render_phase(phase, loaders.get(phase.name) or {}) for phase in summary.phases.values()]
+    for phase in summary.phases.values():
+        section = _render_phase(phase, loaders.get(phase.name) or {})
+        flops = flops_of(summary, phase)
+        sections.append(section if flops is None else section + flops.describe() + "\n")
     sections.append(render_verdict(analyze(summary)))
     devices = summary.metadata.get("devices") or []
     footer = f"run: {summary.elapsed:.2f} s wall"
