@@ -207,6 +207,30 @@ def main() -> int:
         )
     )
 
+    # FLOPs and MFU on the real device: a bf16 Linear stack of known FLOPs, the peak read from the device's name
+    from stepwatch._mfu import flops_of
+
+    sw = stepwatch.Stopwatch(device="cuda", flops=True, warmup=2)
+    sw.enable()
+    layers = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(4)]).cuda().bfloat16()
+    batch = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for _ in sw.timed_iter(range(20)):
+        with sw.timed("forward"):
+            out = layers(batch)
+        with sw.timed("backward"):
+            out.float().sum().backward()
+    counted = sw.summary()
+    record = counted.metadata["flops"].get("train") or {}
+    expected = 4 * 2 * 2048 * 4096 * 4096 * 3  # forward 2mnk a layer, backward twice that
+    achieved = flops_of(counted, counted.main_phase)
+    checks.append(
+        (
+            "FLOPs: exact on the device, bf16, MFU from the peak table",
+            record.get("step") == expected and record.get("dtype") == "bf16" and achieved is not None,
+            f"{record} -> {achieved.describe() if achieved else 'no figures'}",
+        )
+    )
+
     figures["reports"] = {"gpu_bound": stepwatch.render(bound), "input_starved": stepwatch.render(starved)}
     figures["checks"] = [{"check": name, "passed": ok, "detail": detail} for name, ok, detail in checks]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
