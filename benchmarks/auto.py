@@ -114,8 +114,17 @@ def main() -> None:
         "auto_minus_by_hand_ns_per_step_median_paired": statistics.median(auto_vs_hand),
     }
     share = added / step
+    hand_share = statistics.median(h - p for h, p in zip(times["by hand"], times["plain"], strict=True)) / step
+    estimates = own_estimates(model, optimizer, criterion, loader)
+    figures_shares = {
+        "auto: measured share": share,
+        "auto: stepwatch's own estimate": estimates["auto"],
+        "by hand: measured share": hand_share,
+        "by hand: stepwatch's own estimate": estimates["by hand"],
+    }
     result = {
         "figures": figures,
+        "own_cost_estimate": figures_shares,
         "targets": {"auto adds < 2% of the step": {"value": share, "limit": 0.02, "met": share < 0.02}},
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
         "config": {"steps": args.steps, "repeats": args.repeats},
@@ -124,6 +133,28 @@ def main() -> None:
     for name, value in figures.items():
         print(f"{name:48s} {value / 1e3:10.1f} µs")
     print(f"auto adds {share:.2%} of a {step / 1e6:.2f} ms step (target < 2%): {'met' if share < 0.02 else 'NOT met'}")
+    for name, value in figures_shares.items():
+        print(f"{name:48s} {value:10.2%}")
+
+
+def own_estimates(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any]) -> dict[str, float]:
+    """What the report's last line estimates of stepwatch's own cost, after one run each way."""
+    from stepwatch._self_cost import own_share
+
+    estimates = {}
+    for way in ("auto", "by hand"):
+        stepwatch.reset()
+        if way == "auto":
+            stepwatch.auto()
+            plain(model, optimizer, criterion, loader)
+            stepwatch.auto(False)
+        else:
+            stepwatch.enable()
+            by_hand(model, optimizer, criterion, loader)
+        estimates[way] = own_share(stepwatch.summary()) or 0.0
+        stepwatch.disable()
+    stepwatch.reset()
+    return estimates
 
 
 if __name__ == "__main__":

@@ -228,10 +228,13 @@ def training_step_cost(steps: int, repeats: int) -> dict[str, float]:
         off_times.append(times[id(off)])
         on_times.append(times[id(on)])
         differences.append(times[id(on)] - times[id(off)])
+    from stepwatch._self_cost import own_share
+
     return {
         "step_ns_off": statistics.median(off_times),
         "step_ns_on": statistics.median(on_times),
         "step_ns_added_median_paired": statistics.median(differences),
+        "own_cost_estimate_share": own_share(on.summary()) or 0.0,  # the report's last line, to check against
     }
 
 

@@ -29,6 +29,7 @@ from ._periodic import PeriodicCalls
 from ._results import Results, save_run
 from ._run_span import RunSpan
 from ._schedule import Schedule, check_flag, check_steps, check_window, out_path
+from ._self_cost import calibrate
 from ._stacks import DROPPING, ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import MAX_TRACE_STEPS, Trace
@@ -216,6 +217,7 @@ class Stopwatch(Results):
             if (flops or peak is not None) and self.flop_count is None:
                 self.flop_count = FlopCount(self)
             self._open_device()
+            calibrate(Stopwatch)  # stepwatch's own cost per block, measured once in this process (a few ms)
             self.span.start()
             if stacks.measuring is DROPPING:  # each thread's stack is rebuilt with the blocks opened while off
                 stacks.drop_open_frames()

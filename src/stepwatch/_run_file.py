@@ -15,6 +15,7 @@ from importlib import metadata as importlib_metadata
 from typing import TYPE_CHECKING, Any
 
 from ._schema import check_run, printable
+from ._self_cost import block_ns
 from ._summary import Summary
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "auto": None if stopwatch.auto_hooks.describe is None else stopwatch.auto_hooks.describe(),
         "flops": _flops(stopwatch),
         "peak_flops": stopwatch.peak_flops,
+        "block_ns": block_ns(),
         **_ranks(),
     }
     metadata["job"] = _job_id() if metadata["rank"] is not None else None

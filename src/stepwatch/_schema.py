@@ -192,6 +192,8 @@ def check_metadata(data: Any) -> None:
             _int(record.get(key, MISSING), f"{where}.{key}", 0, 2**126)
         for key in ("dtype", "device"):
             _str(record.get(key), f"{where}.{key}")
+    if data.get("block_ns") is not None:
+        _number(data["block_ns"], "metadata.block_ns", 0.0, 1e9)
     if data.get("peak_flops") is not None:
         _number(data["peak_flops"], "metadata.peak_flops", 1.0)
     for key in ("rank", "local_rank", "world_size"):

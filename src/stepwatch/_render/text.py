@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._analysis import analyze
 from .._mfu import flops_of
+from .._self_cost import own_cost
 
 if TYPE_CHECKING:
     from .._analysis import Comparison, Verdict
@@ -67,6 +68,9 @@ def render_text(summary: Summary) -> str:
             f"out of memory in {event.phase}:{event.stage} with {event.allocated / MIB:,.0f} MiB allocated,"
             f" {event.reserved / MIB:,.0f} MiB reserved: {event.message}\n"
         )
+    cost = own_cost(summary)
+    if cost is not None:
+        footer += cost + "\n"
     return "".join(sections) + footer
 
 

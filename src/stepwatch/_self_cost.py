@@ -1,0 +1,116 @@
+"""stepwatch's own cost, in every report: the blocks it timed in the main process (a stage's calls: loader waits,
+steps, timed and auto-instrumented blocks) times the cost of one block, calibrated once in this process.
+
+The calibration (a few milliseconds, at the first ``enable()``) times blocks of a private stopwatch around a small
+matrix product (torch's, when the program imported it; else a copy of 64 KiB) against the same loop without
+them: in a real step a block runs with its caches emptied by the step's own work, which makes it cost
+several times its tight-loop figure (measured with Valgrind's cache simulation, ``benchmarks/in_situ.py``); a
+tight loop would understate it. Reads the summary only
+for the estimate; the cost per block is kept in the run's metadata (``block_ns``), so a saved run says it again.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ._constants import OTHER
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+    from ._summary import Summary
+
+ROUNDS = 9
+BLOCKS_PER_ROUND = 100
+SCRATCH = 64 * 1024
+
+_calibrated: float | None = None
+_calibrating = False
+
+
+def block_ns() -> float | None:
+    """What one timed block costs in this process, in nanoseconds (None before :func:`calibrate` ran)."""
+    return _calibrated
+
+
+def calibrate(stopwatch: Callable[[], Stopwatch]) -> None:
+    """Measures the cost of a block once in this process (``stopwatch`` makes the private stopwatch it times;
+    the calibration's own ``enable()`` does not measure again)."""
+    global _calibrated, _calibrating
+    if _calibrated is not None or _calibrating:
+        return
+    _calibrating = True
+    try:
+        _calibrated = _calibrate(stopwatch())
+    finally:
+        _calibrating = False
+
+
+def _calibrate(sw: Stopwatch) -> float:
+    sw.enable()
+    timed = sw.timed
+    clock = time.perf_counter_ns
+    work = _step_work()
+
+    def rounds(with_blocks: bool) -> int:
+        start = clock()
+        if with_blocks:
+            for _ in range(BLOCKS_PER_ROUND):
+                with timed("calibration"):
+                    work()  # what runs in a block of a real step: other code and data through the caches
+        else:
+            for _ in range(BLOCKS_PER_ROUND):
+                work()  # the program without stepwatch has no block at all
+        return clock() - start
+
+    differences = []
+    for _ in range(ROUNDS):
+        plain, blocks = rounds(False), rounds(True)
+        differences.append((blocks - plain) / BLOCKS_PER_ROUND)
+    sw.disable()
+    return max(statistics.median(differences), 1.0)
+
+
+def _step_work() -> Callable[[], object]:
+    """A step's work in miniature: a small matrix product when torch is already imported (its kernels and
+    dispatcher evict what a block keeps in the caches, as a training step does), else a copy of 64 KiB."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "randn"):
+        matrix = torch.randn(8, 8)
+        return lambda: matrix @ matrix
+    source = bytearray(SCRATCH)
+    return lambda: bytes(source)
+
+
+def blocks_timed(summary: Summary) -> int:
+    """The blocks the main process timed: every stage's calls, but the computed ``other`` rows and what
+    DataLoader workers timed (their time is not the training loop's)."""
+    return sum(
+        stage.calls
+        for phase in summary.phases.values()
+        for path, stage in phase.stages.items()
+        if not stage.in_workers and path.rsplit("/", 1)[-1] != OTHER
+    )
+
+
+def own_share(summary: Summary) -> float | None:
+    """The estimate as a share of the measured time, or None without a calibrated cost or a measured time."""
+    cost = summary.metadata.get("block_ns")
+    measured = sum(phase.measured_ns for phase in summary.phases.values())
+    if not isinstance(cost, (int, float)) or isinstance(cost, bool) or not measured:
+        return None
+    return blocks_timed(summary) * cost / measured
+
+
+def own_cost(summary: Summary) -> str | None:
+    """The report's last line: ``stepwatch's own cost: about 0.3% of the measured time (...)``."""
+    share = own_share(summary)
+    if share is None:
+        return None
+    return (
+        f"stepwatch's own cost: about {share:.1%} of the measured time ({blocks_timed(summary):,} blocks timed at"
+        f" ~{summary.metadata['block_ns'] / 1e3:.1f} us each, calibrated in this process)"
+    )
