@@ -564,3 +564,31 @@ def test_merge_keeps_the_jobs_shape_and_refuses_mixtures(tmp_path: Path, clock: 
         refused = merge(*files)
         assert refused.returncode == 2 and message in refused.stderr, (files, refused.stderr)
         assert len(refused.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rotate", "verdict"),
+    [
+        (
+            False,
+            "rank 1 was the slowest in 4 of 4 windows before the ranks synchronize: a persistent straggler (look at"
+            " its node, its data shard or its input pipeline)",
+        ),
+        (
+            True,
+            "the slowest rank changed from window to window (rank 0 in 2, rank 1 in 2 of 4 windows): rotating noise"
+            " rather than one bad node",
+        ),
+    ],
+)
+def test_a_persistent_straggler_is_told_from_a_rotating_one(tmp_path: Path, rotate: bool, verdict: str) -> None:
+    """A gloo job gathering every 3 steps: each rank notes its pre-synchronization time per step in each window,
+    and the all-ranks report counts the windows each rank was the slowest in."""
+    out = tmp_path / "windows.json"
+    mp.spawn(ranks.slow_windows, args=(2, str(tmp_path / "init"), str(out), rotate), nprocs=2)
+    rank1 = stepwatch.load(tmp_path / "windows.rank1.json")
+    assert len(rank1.metadata["windows"]) == 4
+    gathered = load_ranks(out)
+    assert verdict in gathered.render(), gathered.render()
+    assert gathered.report().slowest_in_windows == ({0: 0, 1: 4} if not rotate else {0: 2, 1: 2})

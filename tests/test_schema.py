@@ -104,6 +104,30 @@ def flops_run() -> dict[str, Any]:
     return document
 
 
+def compiled_run() -> dict[str, Any]:
+    """A model under torch.compile that recompiles at its short last batch (metadata.compiles, the compile row;
+    FLOPs asked for and not counted under it: metadata.flops_note) and two gather windows (metadata.windows)."""
+    import torch
+
+    torch._dynamo.reset()
+    sw = Stopwatch(flops=True)
+    sw.enable()
+    compiled = torch.compile(torch.nn.Linear(4, 2), backend="eager")
+    data = torch.utils.data.TensorDataset(torch.randn(9, 4))
+    for index, (x,) in enumerate(sw.timed_iter(DataLoader(data, batch_size=2))):
+        with sw.timed("forward"):
+            loss = compiled(x).sum()
+        with sw.timed("backward"):
+            loss.backward()
+        if index in (3, 4):
+            sw.windows.note(sw.summary())
+    document = json.loads(summary_to_json(sw.summary()))
+    metadata = document["metadata"]
+    assert metadata["flops_note"].startswith("not counted: the model runs under torch.compile")
+    assert len(metadata["windows"]) == 2 and any(event[3] for event in metadata["compiles"])
+    return document
+
+
 def auto_run() -> dict[str, Any]:
     """A loop recorded by auto-instrumentation: its metadata says what was found."""
     import torch
@@ -131,6 +155,7 @@ RUNS = {
     "workers": worker_run(),
     "auto": auto_run(),
     "flops": flops_run(),
+    "compiled": compiled_run(),
     "traced": traced_run(),
 }
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ._advice import BODY, MODERATELY, WAIT, common_advice, input_advice
+from ._compile_report import compile_advice
 from ._constants import DEFAULT_PHASE
 from ._mfu import flops_of
 
@@ -77,6 +78,9 @@ def analyze(summary: Summary) -> Verdict:
     """The verdict on the main phase of ``summary``; with FLOPs counted, its achieved FLOP/s (and MFU against
     a known peak) beside the kind: ``compute-bound · 41% MFU (H100 bf16): ...``."""
     verdict = _verdict(summary)
+    compiling = compile_advice(summary)
+    if compiling is not None:
+        verdict = replace(verdict, advice=(compiling, *verdict.advice))
     flops = flops_of(summary, summary.main_phase) if verdict.kind != "unknown" else None
     if flops is None:
         return verdict

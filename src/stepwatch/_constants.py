@@ -16,8 +16,14 @@ FIRST_BATCH = "first_batch"
 FIRST_STEP = "first_step"
 """Where the body of the first step of each epoch goes: the whole first step (wait, body and counts) is a
 one-off, reported apart from the steady state."""
-ONE_OFF = (FIRST_BATCH, FIRST_STEP)
-"""The first step of each epoch (its wait and its body), recorded apart from the loop's steady state."""
+COMPILE = "compile"
+"""Where torch.compile's compilations go (``_compile``), taken out of the blocks they ran in."""
+ONE_OFF = (FIRST_BATCH, FIRST_STEP, COMPILE)
+"""What is recorded apart from the loop's steady state: the first step of each epoch (its wait and its body) and
+compilations."""
+
+PRE_SYNC = ("loader", "step/h2d", "step/forward")
+"""Stages that run before the ranks synchronize: a rank slow there holds everyone back."""
 
 OTHER = "other"
 """Name of the synthetic child that holds the part of a parent stage no nested block covers."""

@@ -36,6 +36,8 @@ class FlopCount:
         self.dtypes: Counter[str] = Counter()
         self.phase = ""
         self.step = 0
+        self.skipped: str | None = None
+        """Why no step was counted (torch.compile in use), for the report."""
         self.remove = sw.periodic.add(1, self.tick, "flop counting")
 
     def tick(self, step: int) -> None:
@@ -51,6 +53,14 @@ class FlopCount:
             self.remove()  # a loop started past it (a resumed run): nothing counted
 
     def start(self, step: int, taken_out: bool) -> None:
+        if self.sw.compiles.events:  # compiled code ran in this run's steps
+            self.remove()
+            self.skipped = (
+                "not counted: the model runs under torch.compile, and a compiled function called under torch's FLOP"
+                " counter goes back to eager for the rest of the run (give the FLOPs of a step by hand)"
+            )
+            logger.warning("stepwatch: FLOPs %s", self.skipped)
+            return
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)

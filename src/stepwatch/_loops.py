@@ -158,6 +158,7 @@ def iterate(
     site = LoopSite(None if driven or beats else sys._getframe(1), phase.name)  # the frame calling next()
     if outer:
         seen_by(sw.out)  # the job is kept while its group is up; rank 0 is to wait for this rank's run at exit
+        sw.compiles.install()  # torch.compile loaded since stepwatch was enabled: its compilations are seen
     main = outer and sw.tree.is_main(phase.name)  # warm-up applies to it; evaluation loops measure from step 1
     trace = sw.timeline  # the timeline of recent steps, when kept
     every = sw.periodic.every if main else ()  # what runs every N training steps

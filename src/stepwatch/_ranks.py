@@ -12,10 +12,10 @@ import bisect
 import functools
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ._constants import DEFAULT_PHASE, ONE_OFF, OTHER
+from ._constants import DEFAULT_PHASE, ONE_OFF, OTHER, PRE_SYNC
 from ._summary import PhaseSummary, Summary
 
 if TYPE_CHECKING:
@@ -25,8 +25,6 @@ STRAGGLER = 0.15
 """A rank is the straggler when one of its pre-synchronization stages exceeds the median of the *other* ranks
 by more than this share of their median step (loader + step) time. Compared with the others, not with a median
 that includes it: with two ranks that median is the midpoint and halves what the job loses."""
-PRE_SYNC = ("loader", "step/h2d", "step/forward")
-"""Stages that run before the ranks synchronize: a rank slow there holds everyone back."""
 EQUALIZED = ("step/backward", "step/optimizer")
 """Stages that collectives equalize (the all-reduce in backward under DDP, the optimizer under ZeRO): every
 rank waits there for the slowest, so they never blame a rank."""
@@ -106,6 +104,8 @@ class RanksReport:
     stages: Sequence[StageSpread]
     straggler: Straggler | None
     threshold: float = STRAGGLER
+    slowest_in_windows: Mapping[int, int] = field(default_factory=dict)
+    """With ``gather_every``: how many windows each rank was the slowest in before the ranks synchronize."""
 
     @property
     def slowest(self) -> RankFigures:
@@ -161,7 +161,21 @@ def ranks_report(summaries: Sequence[Summary], phase: str | None = None) -> Rank
         for path in paths
         if path.split("/", 1)[0] not in ONE_OFF and not path.endswith(f"/{OTHER}")
     ]
-    return RanksReport(phase, ranks, stages, _straggler(stages, ranks))
+    return RanksReport(phase, ranks, stages, _straggler(stages, ranks), STRAGGLER, slowest_in_windows(by_rank))
+
+
+def slowest_in_windows(by_rank: Mapping[int, Summary]) -> dict[int, int]:
+    """Per rank, the windows (``gather_every``'s, the ones every rank has) in which it spent the longest per step
+    before the ranks synchronize; empty with fewer than two ranks or two windows. Ties go to the lower rank."""
+    windows = {rank: list(summary.metadata.get("windows") or ()) for rank, summary in by_rank.items()}
+    count = min((len(values) for values in windows.values()), default=0)
+    if len(windows) < 2 or count < 2:
+        return {}
+    slowest = dict.fromkeys(sorted(windows), 0)
+    for index in range(count):
+        rank = max(sorted(windows), key=lambda r: (windows[r][index], -r))
+        slowest[rank] += 1
+    return slowest
 
 
 def _straggler(stages: Sequence[StageSpread], ranks: Sequence[RankFigures]) -> Straggler | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_loop_names, check_name
+from ._compile import CompileWatch
 from ._counters import add_counts
 from ._dataloader.reports import WorkerSide
 from ._dataloader.watch import WatchedLoader
@@ -35,6 +36,7 @@ from ._stats import DEFAULT_WINDOW
 from ._trace import MAX_TRACE_STEPS, Trace
 from ._tree import StageTree
 from ._window_end import WindowEnd, check_stop
+from ._windows import Windows
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwatch")
@@ -145,6 +147,8 @@ class Stopwatch(Results):
         self.device_timer: DeviceTimer | None = None
         self.timeline: Trace | None = None
         self._gathers = 0  # gather_every's saves so far, naming each gather
+        self.windows = Windows()  # each gather's window: the pre-synchronization time per step
+        self.compiles = CompileWatch(self)  # torch.compile's compilations, once the program loads it
         self._stop_gathering: Callable[[], None] | None = None
         if trace_steps is not None:
             self._keep_trace(trace_steps)
@@ -218,6 +222,7 @@ class Stopwatch(Results):
                 self.flop_count = FlopCount(self)
             self._open_device()
             calibrate(Stopwatch)  # stepwatch's own cost per block, measured once in this process (a few ms)
+            self.compiles.install()
             self.span.start()
             if stacks.measuring is DROPPING:  # each thread's stack is rebuilt with the blocks opened while off
                 stacks.drop_open_frames()
@@ -250,6 +255,7 @@ class Stopwatch(Results):
             return
         self._gathers += 1
         try:
+            self.windows.note(self.summary())
             save_run(self, self.out, gather=True, tag=f"{self.out}#{self._gathers}", among=self.out)
         except Exception as error:
             logger.error("stepwatch: could not save the run to %s during the run: %s", self.out, error)

@@ -86,8 +86,11 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "loaders": {phase: dict(config) for phase, config in stopwatch.tree.loader_configs.items()},
         "auto": None if stopwatch.auto_hooks.describe is None else stopwatch.auto_hooks.describe(),
         "flops": _flops(stopwatch),
+        "flops_note": None if stopwatch.flop_count is None else stopwatch.flop_count.skipped,
         "peak_flops": stopwatch.peak_flops,
         "block_ns": block_ns(),
+        "windows": list(stopwatch.windows.per_step),
+        "compiles": [list(event) for event in stopwatch.compiles.events],
         **_ranks(),
     }
     metadata["job"] = _job_id() if metadata["rank"] is not None else None

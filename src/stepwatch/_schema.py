@@ -167,7 +167,7 @@ def check_phase(name: Any, data: Any, where: str) -> None:
             _int(worker.get(key, 0), f"{where}.workers.{worker_id}.{key}")
 
 
-_METADATA_STRINGS = ("stepwatch", "python", "torch", "host", "started_at", "device_error", "job")
+_METADATA_STRINGS = ("stepwatch", "python", "torch", "host", "started_at", "device_error", "job", "flops_note")
 _CONFIG_STEPS = ("active", "every")
 
 
@@ -192,6 +192,21 @@ def check_metadata(data: Any) -> None:
             _int(record.get(key, MISSING), f"{where}.{key}", 0, 2**126)
         for key in ("dtype", "device"):
             _str(record.get(key), f"{where}.{key}")
+    compiles = data.get("compiles") or []
+    if not isinstance(compiles, list) or len(compiles) > 100_000:
+        raise _fail("metadata.compiles", "must be a list of at most 100,000 compilations")
+    for index, event in enumerate(compiles):
+        where = f"metadata.compiles[{index}]"
+        if not isinstance(event, list) or len(event) != 4 or not isinstance(event[3], bool):
+            raise _fail(where, "must be [step, compile id, seconds, recompilation]")
+        _int(event[0], f"{where}[0]", 0, 2**62)
+        _str(event[1], f"{where}[1]", optional=False)
+        _number(event[2], f"{where}[2]", 0.0)
+    windows = data.get("windows") or []
+    if not isinstance(windows, list) or len(windows) > 100_000:
+        raise _fail("metadata.windows", "must be a list of at most 100,000 numbers")
+    for index, value in enumerate(windows):
+        _number(value, f"metadata.windows[{index}]", 0.0)
     if data.get("block_ns") is not None:
         _number(data["block_ns"], "metadata.block_ns", 0.0, 1e9)
     if data.get("peak_flops") is not None:

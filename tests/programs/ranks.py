@@ -131,3 +131,23 @@ def gather_every(rank, world, init_file, out):
         with open(out + ".seen", "w") as file:
             json.dump(seen, file)
     dist.destroy_process_group()
+
+
+def slow_windows(rank, world, init_file, out, rotate):
+    """Gathers every 3 steps of a 13-step loop (4 windows); in each window one rank's forward busy-waits 4 ms:
+    rank 1 every time, or (``rotate``) the rank whose turn it is."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(name, None)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    sw = stepwatch.Stopwatch()
+    sw.enable(out=out, gather_every=3)
+    for index in sw.timed_iter(range(13)):
+        window = max(index - 1, 0) // 3  # the first item is the one-off first step
+        slow = window % world if rotate else 1
+        with sw.timed("forward"):
+            if rank == slow:
+                busy_wait(0.004)
+        with sw.timed("backward"):
+            dist.barrier()  # the collective: every rank waits here for the slow one
+    sw.save(out if rank == 0 else out.replace(".json", f".rank{rank}.json"))
+    dist.destroy_process_group()

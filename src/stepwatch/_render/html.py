@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .._analysis import analyze
 from .._constants import ONE_OFF
 from .._summary import PhaseSummary, Summary
-from .text import missing_line, rates, straggler_verdict
+from .text import missing_line, rates, straggler_verdict, windows_verdict
 
 if TYPE_CHECKING:
     from .._all_ranks import AllRanks
@@ -186,11 +186,14 @@ def _ranks(job: AllRanks) -> str:
     )
     straggler = report.straggler
     verdict = straggler_verdict(report)
+    persistence = windows_verdict(report)
+    windows = f"<p>{escape(persistence)}</p>" if persistence else ""
     missing = f"<p>{escape(missing_line(job.missing))}</p>" if job.missing else ""
     job_rate = rates(report.job_throughput) or "no counts"
     return (
         f"<h2>all ranks · {escape(report.phase)} · {len(report.ranks)} of {job.world_size} ranks</h2>"
-        f'<div class="verdict{" ok" if straggler is None else ""}"><p><strong>{escape(verdict)}</strong></p></div>'
+        f'<div class="verdict{" ok" if straggler is None else ""}"><p><strong>{escape(verdict)}</strong></p>'
+        f"{windows}</div>"
         '<table class="spread"><tr><th>stage (ms per step)</th><th>median</th><th>min</th><th>rank</th><th>max</th>'
         f"<th>rank</th><th>max/median</th><th></th></tr>{spread}</table>"
         '<table class="ranks"><tr><th>rank</th><th>steps</th><th>step ms</th><th>loader %</th><th>throughput</th></tr>'

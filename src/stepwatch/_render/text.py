@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._analysis import analyze
+from .._compile_report import compile_line
 from .._mfu import flops_of
 from .._self_cost import own_cost
 
@@ -46,6 +47,11 @@ def render_text(summary: Summary) -> str:
         section = _render_phase(phase, loaders.get(phase.name) or {})
         flops = flops_of(summary, phase)
         sections.append(section if flops is None else section + flops.describe() + "\n")
+    if summary.metadata.get("flops_note"):
+        sections.append(f"FLOPs: {summary.metadata['flops_note']}\n")
+    compiled = compile_line(summary)
+    if compiled is not None:
+        sections.append(compiled + "\n")
     sections.append(render_verdict(analyze(summary)))
     devices = summary.metadata.get("devices") or []
     footer = f"run: {summary.elapsed:.2f} s wall"
@@ -243,6 +249,9 @@ def render_ranks(report: RanksReport, world_size: int | None = None) -> str:
     job = rates(report.job_throughput)
     lines.append(f"job: {job or 'no counts'} (sum over ranks); {step_times(report)}")
     lines.append(straggler_verdict(report))
+    persistence = windows_verdict(report)
+    if persistence is not None:
+        lines.append(persistence)
     return "\n".join(lines) + "\n"
 
 
@@ -270,6 +279,30 @@ def straggler_verdict(report: RanksReport) -> str:
         f" median of the other ranks ({straggler.excess_s / straggler.step_s:.0%} of their median step); the job loses"
         f" about that much per step waiting for it (backward and optimizer are equalized by collectives and"
         f" never blamed)"
+    )
+
+
+PERSISTENT = 0.75
+"""A rank the slowest in at least this share of the windows is a persistent straggler."""
+
+
+def windows_verdict(report: RanksReport) -> str | None:
+    """Whether the slowest rank is always the same over the windows gathered (``gather_every``): a persistent
+    straggler (one node) or rotating noise; None without two windows on two ranks."""
+    counts = report.slowest_in_windows
+    if not counts:
+        return None
+    windows = sum(counts.values())
+    rank, most = max(counts.items(), key=lambda item: (item[1], -item[0]))
+    if most >= PERSISTENT * windows:
+        return (
+            f"rank {rank} was the slowest in {most} of {windows} windows before the ranks synchronize: a persistent"
+            " straggler (look at its node, its data shard or its input pipeline)"
+        )
+    spread = ", ".join(f"rank {r} in {n}" for r, n in sorted(counts.items(), key=lambda item: -item[1]) if n)
+    return (
+        f"the slowest rank changed from window to window ({spread} of {windows} windows): rotating noise rather than"
+        " one bad node"
     )
 
 

@@ -1,0 +1,99 @@
+"""torch.compile seen: each compilation (and recompilation) timed through torch's own compile callbacks
+(``torch._dynamo.callback``), recorded as the phase's ``compile`` row and taken out of every block it ran in, so
+that no steady-state step carries it; the step at which each happened is kept for the report.
+
+The callbacks are installed when the program has imported ``torch._dynamo`` (``torch.compile`` does) by the time
+stepwatch is enabled or a training loop starts; a torch without them is left alone. Compilation runs on the
+thread that called the compiled function, so its time is taken out of that thread's open blocks. A compile id
+``f/n`` with ``n > 0`` is the ``n``-th recompilation of frame ``f``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ._constants import COMPILE, FOLD
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+logger = logging.getLogger("stepwatch")
+
+MAX_EVENTS = 1000
+"""Compilations kept for the report (the first ones); the row counts them all."""
+
+
+class CompileWatch:
+    """The compilations one stopwatch saw: ``events`` as ``[step, compile id, seconds, recompilation]``."""
+
+    def __init__(self, sw: Stopwatch) -> None:
+        self.sw = sw
+        self.events: list[list[Any]] = []
+        self.installed = False
+        self._started: dict[int, int] = {}
+
+    def install(self) -> None:
+        """Registers the callbacks once, if torch's compiler is loaded and offers them."""
+        if self.installed:
+            return
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is None:
+            return
+        handler = getattr(getattr(dynamo, "callback", None), "callback_handler", None)
+        if handler is None:
+            return
+        handler.register_start_callback(self.started)
+        handler.register_end_callback(self.ended)
+        self.installed = True
+
+    def started(self, args: Any) -> None:
+        from threading import get_ident
+
+        self._started[get_ident()] = self.sw.clock()
+
+    def ended(self, args: Any) -> None:
+        from threading import get_ident
+
+        start = self._started.pop(get_ident(), None)
+        sw = self.sw
+        if start is None or not sw.stacks.enabled:  # a warm-up step's compilation counts too
+            return
+        duration = sw.clock() - start
+        try:
+            self._record(str(getattr(args, "compile_id", "?")), start, duration)
+        except Exception as error:  # never fail the compilation
+            logger.warning("stepwatch: could not record a compilation: %s", error)
+
+    def _record(self, compile_id: str, start: int, duration: int) -> None:
+        sw = self.sw
+        stacks = sw.stacks
+        stack: list[Any] = stacks.thread_stack()  # device frames are lists, changed in place
+        name = stacks.phase_name()
+        phase = sw.tree.phases.get(name) or sw.tree.phase(name)
+        with sw.tree.lock:
+            node = phase.root.children.get(COMPILE) or sw.tree.add_child(phase.root, COMPILE)
+        node.buf.append(duration)
+        if len(node.buf) >= FOLD:
+            stacks.fold(node)
+        for index in range(1, len(stack)):  # out of every block it ran in: their starts move later
+            frame = stack[index]
+            if frame[0] is None:
+                continue
+            if type(frame) is list:
+                frame[2] += duration
+            else:
+                stack[index] = (frame[0], frame[1], frame[2] + duration)
+        if sw.timeline is not None:
+            sw.timeline.events += (node, start, start + duration, stack)
+        if len(self.events) < MAX_EVENTS:
+            step = phase.schedule_pos + (sw.schedule.warmup if phase.schedule_pos else 0)
+            self.events.append([step, compile_id, duration / 1e9, _is_recompilation(compile_id)])
+
+
+def _is_recompilation(compile_id: str) -> bool:
+    """``0/1`` (frame 0's second compilation) is one; ``0/0`` and a lazily compiled backward are not."""
+    _, _, attempt = compile_id.strip("[]").partition("/")
+    digits = attempt.split("_", 1)[0]
+    return digits.isdigit() and int(digits) > 0

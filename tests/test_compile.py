@@ -1,0 +1,90 @@
+"""torch.compile seen: a real model compiled (backend ``aot_eager``, which runs through the same compile callbacks
+as inductor without needing a C compiler) that recompiles on a shape change at a known step; the compilations are
+their own row, out of the steady-state steps, named in the report, the verdict, the timeline and the saved run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import stepwatch
+from stepwatch import Stopwatch
+
+from .conftest import stepwatch_command
+
+pytestmark = pytest.mark.slow
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def test_a_recompilation_at_a_known_step_is_its_own_row_out_of_the_steps(tmp_path: Path) -> None:
+    torch._dynamo.reset()  # what other tests compiled in this process: its frames, their dynamic shapes
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    compiled = torch.compile(model, backend="aot_eager")
+    sw = Stopwatch(trace_steps=40)
+    sw.enable()
+    for index in sw.timed_iter(range(30)):
+        x = torch.randn(8 if index < 10 else 12, 16)  # a new shape at the 11th step
+        with sw.timed("forward"):
+            y = compiled(x)
+        with sw.timed("backward"):
+            y.sum().backward()
+    summary = sw.summary()
+    events = summary.metadata["compiles"]
+    recompiled = [event for event in events if event[3]]
+    assert len(recompiled) == 1 and recompiled[0][0] == 11 and recompiled[0][1] == "0/1", events
+    assert all(event[0] == 1 for event in events if not event[3])  # the first compilation(s): step 1
+    train = summary.phases["train"]
+    assert train.stages["compile"].calls == len(events)
+    compile_s = sum(event[2] for event in events)
+    assert train.stages["compile"].total == pytest.approx(compile_s, rel=1e-6)
+    # out of every step and block it ran in: all 29 steady steps together take less than the recompilation alone
+    assert train.stages["step"].total < recompiled[0][2], (train.stages["step"].total, recompiled[0][2])
+    assert train.stages["step/forward"].total < recompiled[0][2]
+    assert any(event.path == "compile" for event in summary.trace)  # marked in the timeline
+    text = stepwatch.render(summary)
+    line = next(line for line in text.splitlines() if line.startswith("torch.compile: "))
+    assert f", 1 recompilation (at step 11): {compile_s:.1f} s, " in line
+    sw.save(tmp_path / "run.json")
+    assert line in stepwatch.render(stepwatch.load(tmp_path / "run.json"))
+
+
+def test_stepwatch_run_sees_the_compilations_of_an_unmodified_script(tmp_path: Path) -> None:
+    done = stepwatch_command("run", "-o", "run.json", str(PROGRAMS / "compiled.py"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training done" in done.stdout
+    run = stepwatch.load(tmp_path / "run.json")
+    recompiled = [event for event in run.metadata["compiles"] if event[3]]
+    assert [event[0] for event in recompiled] == [11], run.metadata["compiles"]
+    assert "1 recompilation (at step 11)" in done.stderr
+    assert "recompiling is " in done.stderr or "compiling is " in done.stderr  # a short run: a large share
+
+
+def test_a_run_without_torch_compile_says_nothing_of_it() -> None:
+    sw = Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(3)):
+        pass
+    summary = sw.summary()
+    assert summary.metadata["compiles"] == [] and "torch.compile" not in stepwatch.render(summary)
+
+
+def test_flops_are_not_counted_under_torch_compile_which_keeps_compiling() -> None:
+    """A compiled function called under torch's FLOP counter goes back to eager for the rest of the run (it stops
+    recompiling): with compiled code in the run, the counting is skipped and the report says why."""
+    torch._dynamo.reset()
+    compiled = torch.compile(nn.Linear(16, 1), backend="aot_eager")
+    sw = Stopwatch(flops=True)
+    sw.enable()
+    for index in sw.timed_iter(range(14)):
+        with sw.timed("forward"):
+            y = compiled(torch.randn(8 if index < 10 else 12, 16))
+        y.sum().backward()
+    summary = sw.summary()
+    assert summary.metadata["flops"] == {}
+    assert [event[0] for event in summary.metadata["compiles"] if event[3]] == [11]  # it still recompiles
+    assert "FLOPs: not counted: the model runs under torch.compile" in stepwatch.render(summary)
