@@ -12,6 +12,8 @@ the rest ``forward``. The dtype the products ran in (the most FLOPs) and the dev
 from __future__ import annotations
 
 import logging
+import sys
+import warnings
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,7 @@ class FlopCount:
         self.dtypes: Counter[str] = Counter()
         self.phase = ""
         self.step = 0
+        self.quiet: Any = None
         self.skipped: str | None = None
         """Why no step was counted (torch.compile in use), for the report."""
         self.remove = sw.periodic.add(1, self.tick, "flop counting")
@@ -53,11 +56,12 @@ class FlopCount:
             self.remove()  # a loop started past it (a resumed run): nothing counted
 
     def start(self, step: int, taken_out: bool) -> None:
-        if self.sw.compiles.events:  # compiled code ran in this run's steps
+        if self.sw.compiles.events and not self._runs_eagerly():  # compiled code ran in this run's steps
             self.remove()
             self.skipped = (
                 "not counted: the model runs under torch.compile, and a compiled function called under torch's FLOP"
-                " counter goes back to eager for the rest of the run (give the FLOPs of a step by hand)"
+                " counter goes back to eager for the rest of the run (under stepwatch run, a model compiled whole is"
+                " counted on an eager step)"
             )
             logger.warning("stepwatch: FLOPs %s", self.skipped)
             return
@@ -72,7 +76,20 @@ class FlopCount:
         self.phase, self.step = self.sw.stacks.phase_name(), step
         if taken_out:
             self.sw.stacks.set_window(False)  # its time is not measured: the next step opens the window again
+        self.quiet = warnings.catch_warnings()
+        self.quiet.__enter__()  # the counter's module hooks make a compiled model warn of global hooks, once
+        warnings.filterwarnings("ignore", message="Using `torch.compile\\(module\\)` when there are global hooks")
         counter.__enter__()  # type: ignore[no-untyped-call]
+
+    def _runs_eagerly(self) -> bool:
+        """Whether auto-instrumentation can run the counted step's model eagerly: it records for this stopwatch
+        and the step's outermost model is a compiled one (its ``_orig_mod`` is called instead, uncompiled, for
+        that step)."""
+        session = getattr(sys.modules.get("stepwatch._patches"), "session", None)
+        if session is None or session.sw is not self.sw or session.last_model is None:
+            return False
+        model = session.last_model()
+        return model is not None and hasattr(model, "_orig_mod")
 
     def _split(self, counter: Any, count: Any, tracker: Any) -> Any:
         """torch's own counting, also noting what ran in backward and the dtype of each product."""
@@ -96,6 +113,9 @@ class FlopCount:
         if counter is None:
             return
         self.remove()
+        if self.quiet is not None:
+            self.quiet.__exit__(None, None, None)
+            self.quiet = None
         try:
             counter.__exit__(None, None, None)
             total = int(counter.get_total_flops())

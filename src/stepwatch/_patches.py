@@ -64,6 +64,9 @@ def wrap_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
         if type(module) not in calls.outer:
             calls.found(type(module))
         if current.sw.stacks.measuring is not True:
+            counting = current.sw.flop_count
+            if counting is not None and counting.counter is not None:  # the step whose FLOPs are counted:
+                module = getattr(module, "_orig_mod", module)  # a compiled model runs eagerly (see _flops)
             return original(module, *args, **kwargs)
         block = current.sw.timed(current.module_stage(module))
         current.busy += 1  # (``_timed``, inlined: once a step for the model, once for a loss module)
