@@ -209,3 +209,21 @@ def test_stop_ends_train_once_the_window_is_measured(tmp_path: Path, capsys: pyt
     assert attachment.summary is not None and attachment.summary.phases["train"].steps == 4
     assert "the measured window closed at step 5: ending the training" in capsys.readouterr().err
     assert stepwatch._default.window_end.stop_with is None
+
+
+def test_with_flops_the_logs_carry_flop_s_and_mfu(tmp_path: Path) -> None:
+    """``stepwatch.enable(flops=True, peak_flops=...)`` before ``train()``: the FLOPs of one optimizer step of the
+    tests' BERT, and FLOP/s and MFU in what the Trainer logs."""
+    stepwatch.enable(flops=True, peak_flops=1e12)
+    trainer = hf_train.make_trainer(tmp_path / "out")
+    attach(trainer)
+    try:
+        trainer.train()
+    finally:
+        stepwatch.disable()
+    logged = [entry for entry in trainer.state.log_history if "stepwatch/flops_per_s" in entry]
+    assert logged and logged[-1]["stepwatch/flops_per_s"] > 0 and 0 < logged[-1]["stepwatch/mfu"] < 1
+    run = stepwatch.load(tmp_path / "out" / "stepwatch.json")
+    record = run.metadata["flops"]["train"]
+    assert record["backward"] > record["forward"] > 0
+    stepwatch.reset()

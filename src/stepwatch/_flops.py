@@ -17,6 +17,8 @@ import warnings
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from ._constants import VAL_PHASE
+
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
 
@@ -38,6 +40,8 @@ class FlopCount:
         self.dtypes: Counter[str] = Counter()
         self.phase = ""
         self.step = 0
+        self.seen = 0
+        """Training steps ended so far (ticks outside an evaluation phase)."""
         self.quiet: Any = None
         self.skipped: str | None = None
         """Why no step was counted (torch.compile in use), for the report."""
@@ -49,11 +53,14 @@ class FlopCount:
         if self.counter is not None:
             self.finish()
             return
+        if self.sw.stacks.phase_name() == VAL_PHASE:
+            return  # an evaluation loop that runs first (Lightning's sanity check): not a training step
+        self.seen += 1
         chosen = max(self.sw.schedule.warmup, 2)
-        if step + 1 == chosen:
-            self.start(step + 1, taken_out=chosen > self.sw.schedule.warmup)
-        elif step + 1 > chosen:
-            self.remove()  # a loop started past it (a resumed run): nothing counted
+        if self.seen + 1 == chosen:
+            self.start(self.seen + 1, taken_out=chosen > self.sw.schedule.warmup)
+        elif self.seen + 1 > chosen:
+            self.remove()  # past it (the loop began after a resume): nothing more to do each step
 
     def start(self, step: int, taken_out: bool) -> None:
         if self.sw.compiles.events and not self._runs_eagerly():  # compiled code ran in this run's steps

@@ -38,8 +38,9 @@ from .._default_instance import stopwatch as _default
 from .._external_loops import Beats, set_base_phase
 from .._job import in_job
 from .._patches import Patches
+from .._peaks import check_peak
 from .._results import save_run
-from .._schedule import Schedule
+from .._schedule import Schedule, check_flag
 from .._summary import Summary
 from .._window_end import check_stop
 from ._lightning_actions import GROUPS, PREDICT, STAGES, TEST, TRANSPARENT, parse, record, safe
@@ -55,6 +56,8 @@ class StepwatchProfiler(Profiler):
         out: where the run is saved at the end of ``fit``; default ``stepwatch.json`` in the trainer's log
             directory.
         warmup, active, every: the measuring window, as for ``stepwatch.enable()``.
+        flops, peak_flops: count the FLOPs of one training step, for FLOP/s and MFU in the report (as for
+            ``stepwatch.enable()``).
         val_phase: the name of the validation phase.
         stop: with ``active``: end the fit once the window is measured (``Trainer.should_stop``); the report
             comes at the end of the fit, as always.
@@ -69,8 +72,12 @@ class StepwatchProfiler(Profiler):
         every: int | None = None,
         val_phase: str = "val",
         stop: bool = False,
+        flops: bool = False,
+        peak_flops: float | None = None,
     ) -> None:
         stop = check_stop(stop, Schedule(warmup or 0, active, every))
+        check_flag(flops, "flops")
+        self._flops = (flops or None, check_peak(peak_flops))
         super().__init__()
         self._stop = stop
         self._trainer: Any = None  # the trainer running now, found by setup
@@ -118,7 +125,14 @@ class StepwatchProfiler(Profiler):
             self._schedule_before = _default.schedule
             warmup, active, every = self._schedule
             _default.reset()  # what it holds is an earlier run's, saved then: this run starts empty
-            _default.enable(warmup=warmup, active=active, every=every, stop=self._stop)
+            _default.enable(
+                warmup=warmup,
+                active=active,
+                every=every,
+                stop=self._stop,
+                flops=self._flops[0],
+                peak_flops=self._flops[1],
+            )
             self._enabled_here = True
             if self._stop and self._trainer is not None:
                 _default.window_end.stop_with = functools.partial(_stop_fit, self._trainer)

@@ -39,6 +39,7 @@ from .._dataloader.watch import instrument_always, uninstrument
 from .._default_instance import stopwatch as _default
 from .._external_loops import Beats
 from .._job import is_rank_zero
+from .._mfu import flops_of
 from .._results import save_run
 from .._summary import Summary
 
@@ -270,6 +271,11 @@ def metrics() -> dict[str, float]:
     figures["stepwatch/input_share"] = phase.share("loader") if "loader" in phase.stages else 0.0
     for unit, rate in phase.throughput.items():
         figures[f"stepwatch/{unit}_per_s"] = rate
+    flops = flops_of(summary, phase)
+    if flops is not None:
+        figures["stepwatch/flops_per_s"] = flops.per_s
+        if flops.mfu is not None:
+            figures["stepwatch/mfu"] = flops.mfu
     return figures
 
 
