@@ -29,7 +29,10 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
             clock.advance(3 * MS)
     summary = sw.summary()
     cost = summary.metadata["block_ns"]
-    assert cost == block_ns() and 0 < cost < MS
+    # measured between the training's own steps once it has five samples (after steps 3 to 11 here), else calibrated
+    assert sw.in_situ is not None and len(sw.in_situ.samples) == 9
+    assert cost == sw.in_situ.value and 0 < cost < MS
+    assert block_ns() is not None
     # loader and step of each of 11 steps (the first apart, as first_batch and first_step) and their two blocks
     assert blocks_timed(summary) == 11 * 4
     measured = sum(phase.measured_ns for phase in summary.phases.values())

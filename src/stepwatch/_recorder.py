@@ -30,7 +30,7 @@ from ._periodic import PeriodicCalls
 from ._results import Results, save_run
 from ._run_span import RunSpan
 from ._schedule import Schedule, check_flag, check_steps, check_window, out_path
-from ._self_cost import calibrate
+from ._self_cost import InSitu, calibrate, calibrating
 from ._stacks import DROPPING, ThreadStacks
 from ._stats import DEFAULT_WINDOW
 from ._trace import MAX_TRACE_STEPS, Trace
@@ -149,6 +149,7 @@ class Stopwatch(Results):
         self._gathers = 0  # gather_every's saves so far, naming each gather
         self.windows = Windows()  # each gather's window: the pre-synchronization time per step
         self.compiles = CompileWatch(self)  # torch.compile's compilations, once the program loads it
+        self.in_situ: InSitu | None = None  # the cost of a block between the training's steps
         self._stop_gathering: Callable[[], None] | None = None
         if trace_steps is not None:
             self._keep_trace(trace_steps)
@@ -221,7 +222,10 @@ class Stopwatch(Results):
             if (flops or peak is not None) and self.flop_count is None:
                 self.flop_count = FlopCount(self)
             self._open_device()
-            calibrate(Stopwatch)  # stepwatch's own cost per block, measured once in this process (a few ms)
+            if not calibrating():
+                calibrate(Stopwatch)  # stepwatch's own cost per block, measured once in this process (a few ms)
+                if self.in_situ is None:
+                    self.in_situ = InSitu(self, Stopwatch)  # and where the training's blocks run
             self.compiles.install()
             self.span.start()
             if stacks.measuring is DROPPING:  # each thread's stack is rebuilt with the blocks opened while off

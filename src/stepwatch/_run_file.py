@@ -88,7 +88,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "flops": _flops(stopwatch),
         "flops_note": None if stopwatch.flop_count is None else stopwatch.flop_count.skipped,
         "peak_flops": stopwatch.peak_flops,
-        "block_ns": block_ns(),
+        "block_ns": (stopwatch.in_situ.value if stopwatch.in_situ is not None else None) or block_ns(),
         "windows": list(stopwatch.windows.per_step),
         "compiles": [list(event) for event in stopwatch.compiles.events],
         **_ranks(),

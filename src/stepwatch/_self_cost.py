@@ -5,8 +5,10 @@ The calibration (a few milliseconds, at the first ``enable()``) times blocks of 
 matrix product (torch's, when the program imported it; else a copy of 64 KiB) against the same loop without
 them: in a real step a block runs with its caches emptied by the step's own work, which makes it cost
 several times its tight-loop figure (measured with Valgrind's cache simulation, ``benchmarks/in_situ.py``); a
-tight loop would understate it. Reads the summary only
-for the estimate; the cost per block is kept in the run's metadata (``block_ns``), so a saved run says it again.
+tight loop would understate it. Better still, once the training has run a few steps, one block of a private
+stopwatch is timed between two of its steps on each of its next steps (:class:`InSitu`), and their median is the
+figure. Reads the summary only for the estimate; the cost per block is kept in the run's metadata (``block_ns``),
+so a saved run says it again.
 """
 
 from __future__ import annotations
@@ -31,9 +33,54 @@ _calibrated: float | None = None
 _calibrating = False
 
 
+IN_SITU = 24
+"""Blocks timed between the training's own steps (one a step, from the third) for the in-situ cost."""
+
+
 def block_ns() -> float | None:
     """What one timed block costs in this process, in nanoseconds (None before :func:`calibrate` ran)."""
     return _calibrated
+
+
+def calibrating() -> bool:
+    """Whether a private stopwatch of this module is being enabled (it measures nothing of itself)."""
+    return _calibrating
+
+
+class InSitu:
+    """The cost of a block where the training's blocks run: one block of a private stopwatch timed between two
+    steps of the training loop (its caches left as the step's work left them), on :data:`IN_SITU` steps; their
+    median replaces the calibrated figure once there are five."""
+
+    def __init__(self, sw: Stopwatch, make: Callable[[], Stopwatch]) -> None:
+        self.samples: list[int] = []
+        self._make = make
+        self._private: Stopwatch | None = None
+        self.remove = sw.periodic.add(1, self.tick, "stepwatch's own cost")
+
+    def tick(self, step: int) -> None:
+        global _calibrating
+        if step < 3:
+            return  # the first steps warm up what they run
+        if self._private is None:
+            _calibrating = True
+            try:
+                self._private = self._make()
+                self._private.enable()
+            finally:
+                _calibrating = False
+        timed = self._private.timed
+        clock = time.perf_counter_ns
+        start = clock()
+        with timed("in situ"):
+            pass
+        self.samples.append(clock() - start)
+        if len(self.samples) >= IN_SITU:
+            self.remove()
+
+    @property
+    def value(self) -> float | None:
+        return float(statistics.median(self.samples)) if len(self.samples) >= 5 else None
 
 
 def calibrate(stopwatch: Callable[[], Stopwatch]) -> None:
@@ -86,14 +133,20 @@ def _step_work() -> Callable[[], object]:
 
 
 def blocks_timed(summary: Summary) -> int:
-    """The blocks the main process timed: every stage's calls, but the computed ``other`` rows and what
-    DataLoader workers timed (their time is not the training loop's)."""
-    return sum(
-        stage.calls
-        for phase in summary.phases.values()
-        for path, stage in phase.stages.items()
-        if not stage.in_workers and path.rsplit("/", 1)[-1] != OTHER
-    )
+    """The blocks the main process timed: every stage's calls, but the computed ``other`` rows, what DataLoader
+    workers timed (their time is not the training loop's), and a ``dataset`` row's per-sample calls: its samples
+    are read under one block per batch, as many as its parent's calls."""
+    blocks = 0
+    for phase in summary.phases.values():
+        for path, stage in phase.stages.items():
+            parent, _, name = path.rpartition("/")
+            if stage.in_workers or name == OTHER:
+                continue
+            if name == "dataset" and parent in phase.stages:
+                blocks += min(stage.calls, phase.stages[parent].calls)
+            else:
+                blocks += stage.calls
+    return blocks
 
 
 def own_share(summary: Summary) -> float | None:
