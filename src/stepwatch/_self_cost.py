@@ -165,5 +165,5 @@ def own_cost(summary: Summary) -> str | None:
         return None
     return (
         f"stepwatch's own cost: about {share:.1%} of the measured time ({blocks_timed(summary):,} blocks timed at"
-        f" ~{summary.metadata['block_ns'] / 1e3:.1f} us each, calibrated in this process)"
+        f" ~{summary.metadata['block_ns'] / 1e3:.1f} us each, measured in this process)"
     )

@@ -9,7 +9,10 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from .._analysis import analyze
+from .._compile_report import compile_line
 from .._constants import ONE_OFF
+from .._mfu import flops_of
+from .._self_cost import own_cost
 from .._summary import PhaseSummary, Summary
 from .text import missing_line, rates, straggler_verdict, windows_verdict
 
@@ -68,6 +71,13 @@ def content(run: Summary | AllRanks, title: str) -> list[str]:
     parts.append(_verdict(summary))
     for phase in summary.phases.values():
         parts.append(_phase(phase))
+        flops = flops_of(summary, phase)
+        if flops is not None:
+            parts.append(f'<p class="meta">{escape(flops.describe())}</p>')
+    notes = [compile_line(summary), own_cost(summary)]
+    if summary.metadata.get("flops_note"):
+        notes.insert(0, f"FLOPs: {summary.metadata['flops_note']}")
+    parts.extend(f'<p class="meta">{escape(note)}</p>' for note in notes if note)
     return parts
 
 
