@@ -49,6 +49,7 @@ def test_a_recompilation_at_a_known_step_is_its_own_row_out_of_the_steps(tmp_pat
     text = stepwatch.render(summary)
     line = next(line for line in text.splitlines() if line.startswith("torch.compile: "))
     assert f", 1 recompilation (at step 11): {compile_s:.1f} s, " in line
+    assert line.split(" s, ")[0] in stepwatch.render(summary, "html")
     sw.save(tmp_path / "run.json")
     assert line.split(" s, ")[0] in stepwatch.render(stepwatch.load(tmp_path / "run.json"))  # (the run's wall grew)
 

@@ -98,6 +98,7 @@ def test_mfu_through_the_device_test_double_with_a_given_peak(tmp_path: Path) ->
     mfu = percent(achieved / 1e9)
     assert f" · {mfu} MFU (the given peak, fp32): " in headline, headline
     assert f"{mfu} MFU of the given peak, fp32 (1 GFLOP/s)" in text
+    assert f"{mfu} MFU of the given peak, fp32 (1 GFLOP/s)" in stepwatch.render(summary, "html")
     sw.save(tmp_path / "run.json")
     again = stepwatch.render(stepwatch.load(tmp_path / "run.json")).splitlines()
     assert [line for line in again if line.startswith(("FLOPs: ", "verdict: "))] == [
