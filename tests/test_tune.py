@@ -432,3 +432,15 @@ def test_a_training_that_ends_before_the_search_gets_the_table_of_what_was_measu
     tuning = load_tuning(tmp_path / "tune.json")
     assert tuning is not None and len({trial.setting for trial in tuning.trials}) >= 2, done.stderr
     assert tuning.original == Setting(0) and all(trial.step_s for trial in tuning.trials)
+
+
+def test_a_trainer_that_takes_next_iter_each_step_is_tuned(tmp_path: Path) -> None:
+    """A new iterator every step: once a step trained on its batch, the loader's next iterator is the tuning's."""
+    done = stepwatch_command(
+        "tune", "--max-workers", "2", "-o", "tune.json", str(PROGRAMS / "next_iter_train.py"), cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training done" not in done.stdout
+    tuning = load_tuning(tmp_path / "tune.json")
+    assert tuning is not None and tuning.original == Setting(0) and tuning.best.num_workers >= 1, done.stderr
+    assert all(len(trial.step_s) == 30 for trial in tuning.trials)

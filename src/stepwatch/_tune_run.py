@@ -78,6 +78,10 @@ class TuneSession:
                 return original(loader)
             if loader is self.loader:
                 return Loop(self, None)  # a later epoch of the training loop: the search goes on
+            last = self.last
+            if not self.started and last is not None and last.training and last.loader is loader:
+                self.start(loader)  # a trainer that takes next(iter(loader)) each step: its next iterator
+                return Loop(self, None)
             return Loop(self, original(loader), loader)
 
         __iter__.__wrapped__ = original  # type: ignore[attr-defined]
