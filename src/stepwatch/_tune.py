@@ -190,6 +190,7 @@ def plan(
     cores = os.cpu_count() or 1
     limit = max_workers if max_workers is not None else cores
     best = yield original
+    history = [best]
     tried = {original}
     workers, misses, extended = -1, 0, max_workers is not None
     while map_style and misses < 2:
@@ -203,6 +204,7 @@ def plan(
             continue
         tried.add(setting)
         trial = yield setting
+        history.append(trial)
         if better(trial, best):
             best, misses = trial, 0
         elif workers > best.setting.num_workers:  # fewer workers than the best so far: no step past it
@@ -213,34 +215,35 @@ def plan(
             if setting not in tried:
                 tried.add(setting)
                 trial = yield setting
+                history.append(trial)
                 if better(trial, best):
                     best = trial
     if pin_memory is not None:
         setting = replace(best.setting, pin_memory=not pin_memory)
         trial = yield setting
+        history.append(trial)
         if better(trial, best):
             best = trial
     if map_style and best.setting.num_workers and not best.setting.persistent_workers:
         setting = replace(best.setting, persistent_workers=True)
         if setting not in tried:
             trial = yield setting
+            history.append(trial)
             if preferred(trial, best):
                 best = trial
-    yield original  # confirm: the original and the best once more, their trials pooled
+    pool = Tuning(original, best.setting, tuple(history))
+    fastest = min((pool.of(s) for s in dict.fromkeys(t.setting for t in history)), key=lambda t: t.per_step)
+    if better(fastest, pool.of(best.setting)):  # pooled, a setting beats the search's choice beyond the noise
+        best = fastest
+    yield original  # confirm: the original and the best once more (the best's figure is its confirmation)
     if best.setting != original:
         yield best.setting
     return best.setting
 
 
 def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str], loader: str = "") -> Tuning:
-    """The tuning, every setting's trials pooled: the search's choice, or a setting faster than it beyond the
-    noise (its confirmation may have come out slower than its first trial), unless that does not beat the
+    """The tuning: the search's choice (confirmed by a run of its own), unless that run does not beat the
     original beyond the noise."""
-    result = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
-    pooled = [result.of(setting) for setting in dict.fromkeys(trial.setting for trial in trials)]
-    fastest = min(pooled, key=lambda trial: trial.per_step)
-    if better(fastest, result.of(chosen)):
-        chosen = fastest.setting
     confirming = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
     if chosen != original and not preferred(confirming.measured(chosen), confirming.measured(original)):
         chosen = original  # not confirmed

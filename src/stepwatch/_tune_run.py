@@ -61,6 +61,8 @@ class TuneSession:
         """The loop that gave the latest batch."""
         self.batch_since_step = False
         self.steps_without_loop = 0
+        self.trained = 0
+        """Optimizer steps on batches of a DataLoader loop before the tuning started."""
         self.elsewhere = 0
         """Batches given by other loops, to tell a step that ran another loop (not timed)."""
         self.trials: list[Trial] = []
@@ -81,6 +83,7 @@ class TuneSession:
             last = self.last
             if not self.started and last is not None and last.training and last.loader is loader:
                 self.start(loader)  # a trainer that takes next(iter(loader)) each step: its next iterator
+                self.done = self.trained  # the training's steps so far
                 return Loop(self, None)
             return Loop(self, original(loader), loader)
 
@@ -95,6 +98,7 @@ class TuneSession:
         if self.last is not None and self.batch_since_step:
             self.last.training = True
             self.batch_since_step = False
+            self.trained += 1
             return
         self.steps_without_loop += 1
         if self.steps_without_loop >= NO_LOOP_STEPS:
