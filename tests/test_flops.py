@@ -144,3 +144,20 @@ def test_stepwatch_run_flops_on_a_real_script(tmp_path: Path) -> None:
     assert record["step"] > 0 and record["backward"] > record["forward"] > 0, record
     assert "MFU of the given peak, fp32 (1 TFLOP/s)" in done.stderr
     assert "% MFU (the given peak, fp32): " in done.stderr
+
+
+def test_a_loop_left_in_the_counted_step_ends_the_counting_at_disable() -> None:
+    """A ``break`` in the very step being counted: torch's counter does not stay on past ``disable()``."""
+    sw = Stopwatch(flops=True)
+    sw.enable()
+    model = linear_stack()
+    for index in sw.timed_iter(range(10)):
+        model(torch.randn(BATCH, SIZES[0][0])).sum().backward()
+        if index == 1:  # the second step: the one being counted
+            break
+    assert sw.flop_count is not None and sw.flop_count.counter is not None
+    sw.disable()
+    assert sw.flop_count.counter is None and sw.flop_count.counted["train"]["step"] == 3 * forward_flops() - sum(
+        2 * BATCH * n * k for n, k in SIZES[:1]
+    )  # the first layer's input needs no gradient here: its backward has one product, not two
+    assert torch.utils._python_dispatch._get_current_dispatch_mode() is None

@@ -311,6 +311,8 @@ class Stopwatch(Results):
 
     def disable(self) -> None:
         """Stop recording. What was recorded is kept; blocks still open are dropped, not half-counted."""
+        if self.flop_count is not None:
+            self.flop_count.finish()  # a FLOP count under way (its loop left in the counted step) ends here
         with self.tree.lock:
             self.stacks.enabled = False
             self.stacks.drop_open_frames()
