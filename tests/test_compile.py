@@ -20,12 +20,15 @@ pytestmark = pytest.mark.slow
 PROGRAMS = Path(__file__).parent / "programs"
 
 
-def test_a_recompilation_at_a_known_step_is_its_own_row_out_of_the_steps(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_a_recompilation_at_a_known_step_is_its_own_row_out_of_the_steps(tmp_path: Path, warmup: int) -> None:
+    """With warm-up too: the first compilation happens in it (step 0 in the list: which warm-up step is not known),
+    the recompilation is still at step 11."""
     torch._dynamo.reset()  # what other tests compiled in this process: its frames, their dynamic shapes
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     compiled = torch.compile(model, backend="aot_eager")
-    sw = Stopwatch(trace_steps=40)
+    sw = Stopwatch(trace_steps=40, warmup=warmup)
     sw.enable()
     for index in sw.timed_iter(range(30)):
         x = torch.randn(8 if index < 10 else 12, 16)  # a new shape at the 11th step
@@ -37,9 +40,9 @@ def test_a_recompilation_at_a_known_step_is_its_own_row_out_of_the_steps(tmp_pat
     events = summary.metadata["compiles"]
     recompiled = [event for event in events if event[3]]
     assert len(recompiled) == 1 and recompiled[0][0] == 11 and recompiled[0][1] == "0/1", events
-    assert all(event[0] == 1 for event in events if not event[3])  # the first compilation(s): step 1
+    assert all(event[0] == (0 if warmup else 1) for event in events if not event[3])  # the first: step 1
     train = summary.phases["train"]
-    assert train.stages["compile"].calls == len(events)
+    assert train.stages["compile"].calls == len(events) and train.steps == (30 - warmup if warmup else 29)
     compile_s = sum(event[2] for event in events)
     assert train.stages["compile"].total == pytest.approx(compile_s, rel=1e-6)
     # out of every step and block it ran in: all 29 steady steps together take less than the recompilation alone

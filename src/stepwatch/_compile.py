@@ -88,6 +88,8 @@ class CompileWatch:
         if sw.timeline is not None:
             sw.timeline.events += (node, start, start + duration, stack)
         if len(self.events) < MAX_EVENTS:
+            # the step after warm-up as the window counts it, plus the warm-up; 0 within warm-up (which step
+            # of it is not known there)
             step = phase.schedule_pos + (sw.schedule.warmup if phase.schedule_pos else 0)
             self.events.append([step, compile_id, duration / 1e9, _is_recompilation(compile_id)])
 

@@ -24,7 +24,8 @@ def compile_line(summary: Summary) -> str | None:
     recompiled = [event[0] for event in events if event[3]]
     text = f"torch.compile: {_count(len(events) - len(recompiled), 'compilation')}"
     if recompiled:
-        steps = ", ".join(str(step) for step in recompiled[:LISTED]) + (", ..." if len(recompiled) > LISTED else "")
+        named = [str(step) if step else "warm-up" for step in recompiled[:LISTED]]  # 0: a warm-up step's
+        steps = ", ".join(named) + (", ..." if len(recompiled) > LISTED else "")
         at = "step" if len(recompiled) == 1 else "steps"
         text += f", {_count(len(recompiled), 'recompilation')} (at {at} {steps})"
     text += f": {seconds:.1f} s"
