@@ -26,6 +26,8 @@ from ._tuning import Setting, Trial, Tuning
 
 STEPS = 30
 """Steps measured per setting (after its first batch)."""
+CONFIRMATIONS = 3
+"""Rounds of confirmation at most: a setting that its confirmation leaves behind another is confirmed in turn."""
 PREFETCH = (4, 8)
 """``prefetch_factor`` values tried beside torch's default (2), for the best number of workers."""
 
@@ -161,8 +163,9 @@ def more_workers_than_cores() -> Iterator[None]:
 
 
 def better(candidate: Trial, best: Trial) -> bool:
-    """Faster by more than the noise of either."""
-    return best.per_step - candidate.per_step > max(candidate.noise, best.noise)
+    """Faster by more than the noise of either (and by more than a nanosecond: equal times pooled differently
+    differ in their last bits)."""
+    return best.per_step - candidate.per_step > max(candidate.noise, best.noise, 1e-9)
 
 
 def preferred(candidate: Trial, incumbent: Trial) -> bool:
@@ -231,22 +234,27 @@ def plan(
             history.append(trial)
             if preferred(trial, best):
                 best = trial
-    pool = Tuning(original, best.setting, tuple(history))
-    fastest = min((pool.of(s) for s in dict.fromkeys(t.setting for t in history)), key=lambda t: t.per_step)
-    if better(fastest, pool.of(best.setting)):  # pooled, a setting beats the search's choice beyond the noise
-        best = fastest
-    yield original  # confirm: the original and the best once more (the best's figure is its confirmation)
-    if best.setting != original:
-        yield best.setting
+    confirmed = False
+    for _ in range(CONFIRMATIONS):
+        pool = Tuning(original, best.setting, tuple(history))
+        fastest = min((pool.of(s) for s in dict.fromkeys(t.setting for t in history)), key=lambda t: t.per_step)
+        if fastest.setting != best.setting and better(fastest, pool.of(best.setting)):
+            best = fastest  # pooled, faster than the choice beyond the noise: the one to confirm now
+        elif confirmed:
+            break
+        history.append((yield original))  # confirm: the original and the best once more
+        if best.setting != original:
+            history.append((yield best.setting))  # the best's figure is this run of its own
+        confirmed = True
     return best.setting
 
 
 def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str], loader: str = "") -> Tuning:
-    """The tuning: the search's choice (confirmed by a run of its own), unless that run does not beat the
-    original beyond the noise."""
+    """The tuning: the search's choice, unless its runs pooled (its confirming run among them) do not beat the
+    original's beyond the noise."""
     confirming = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
-    if chosen != original and not preferred(confirming.measured(chosen), confirming.measured(original)):
-        chosen = original  # not confirmed
+    if chosen != original and not preferred(confirming.of(chosen), confirming.of(original)):
+        chosen = original  # not confirmed: with its confirming run, it does not beat yours beyond the noise
     return Tuning(original, chosen, tuple(trials), tuple(kept), loader)
 
 
