@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ._constants import COMPILE, FOLD
+from ._loops import delay_frames
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -77,14 +78,7 @@ class CompileWatch:
         node.buf.append(duration)
         if len(node.buf) >= FOLD:
             stacks.fold(node)
-        for index in range(1, len(stack)):  # out of every block it ran in: their starts move later
-            frame = stack[index]
-            if frame[0] is None:
-                continue
-            if type(frame) is list:
-                frame[2] += duration
-            else:
-                stack[index] = (frame[0], frame[1], frame[2] + duration)
+        delay_frames(stack, len(stack), duration)  # out of every block it ran in
         if sw.timeline is not None:
             sw.timeline.events += (node, start, start + duration, stack)
         if len(self.events) < MAX_EVENTS:

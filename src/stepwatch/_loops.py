@@ -352,7 +352,13 @@ def exclude_from_enclosing(stack: list[Any], root_frame: Any, excluded_ns: int) 
     start later. Nothing happens if the root is no longer on the stack (the loop was abandoned and closed
     later)."""
     position = next((i for i in range(len(stack) - 1, 0, -1) if stack[i] is root_frame), 0)
-    for index in range(1, position):
+    delay_frames(stack, position, excluded_ns)
+
+
+def delay_frames(stack: list[Any], end: int, excluded_ns: int) -> None:
+    """Moves the start of the open blocks ``stack[1:end]`` later by ``excluded_ns``: time spent in them that is
+    reported elsewhere (another phase's loop, a compilation) is taken out of each."""
+    for index in range(1, end):
         frame = stack[index]
         if frame[0] is None or frame[1] is DROPPED:
             continue
