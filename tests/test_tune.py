@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import stepwatch
-from stepwatch._tuning import Setting, Trial, Tuning, load_tuning
+from stepwatch._tuning import Setting, Tuning, load_tuning
 
 from .conftest import spin, stepwatch_command
 
@@ -267,61 +267,6 @@ def test_tune_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
         stepwatch_command("tune", "missing.py", cwd=tmp_path).stderr.strip()
         == "stepwatch tune: missing.py: no such file"
     )
-
-
-def test_with_an_accelerator_the_other_pinning_is_tried_for_the_best() -> None:
-    """The search itself (``plan``), driven with trials of known times: workers help up to 2, prefetching does
-    not, and pinning (tried only with an accelerator in use) does."""
-    from stepwatch._tune import plan
-
-    def trial(setting: Setting, ms: float) -> Trial:
-        return Trial(setting, (ms / 1e3,) * 10, (0.0,) * 10, 0.01)
-
-    times = {0: 30.0, 1: 16.0, 2: 9.0}
-    search = plan(Setting(0), max_workers=2, pin_memory=False)
-    asked = [next(search)]
-    chosen = None
-    while chosen is None:
-        setting = asked[-1]
-        ms = times.get(setting.num_workers, 9.0)
-        if setting.pin_memory:
-            ms = 7.0
-        try:
-            asked.append(search.send(trial(setting, ms)))
-        except StopIteration as done:
-            chosen = done.value
-    assert asked == [
-        Setting(0),
-        Setting(1),
-        Setting(2),
-        Setting(2, 4),
-        Setting(2, 8),
-        Setting(2, None, True),
-        Setting(2, None, True, True),  # persistent workers: not chosen, an epoch starts no faster with them
-        Setting(0),
-        Setting(2, None, True),
-    ]
-    assert chosen == Setting(2, None, True) and chosen.describe() == "num_workers=2, pin_memory=True"
-
-
-def test_settings_below_the_programs_own_do_not_stop_the_climb() -> None:
-    """From ``num_workers=2``, 0 and 1 are slower: they are no step past the best, so the climb goes on to 3 (the
-    fastest) and stops two settings after it."""
-    from stepwatch._tune import plan
-
-    times = {0: 30.0, 1: 20.0, 2: 10.0, 3: 6.0}
-    search = plan(Setting(2), max_workers=6)
-    asked = [next(search)]
-    while True:
-        setting = asked[-1]
-        ms = times.get(setting.num_workers, 6.0)
-        try:
-            asked.append(search.send(Trial(setting, (ms / 1e3,) * 10, (0.0,) * 10, 0.01)))
-        except StopIteration as done:
-            chosen = done.value
-            break
-    assert [setting.num_workers for setting in asked[:6]] == [2, 0, 1, 3, 4, 6]
-    assert chosen == Setting(3)
 
 
 # -- the saved tuning, read back whatever it became ---------------------------------------------------------------

@@ -53,6 +53,9 @@ class Trial:
     workers_busy: float | None = None
     """The share of their time the workers spent on a CPU during the timed steps (None: no workers, or no way
     to read it on this system). Low while the loop waits: they wait on reads rather than compute."""
+    drift: float = 0.0
+    """How much a setting's mean moves from run to run beyond its steps' own noise, as a share of it (the
+    machine changes between runs: other processes, caches, clock speeds); see :meth:`Tuning.drift`."""
 
     @property
     def epoch_start_s(self) -> float:
@@ -82,13 +85,12 @@ class Trial:
         count = len(self.step_s)
         if count < 2:
             return 0.0
-        independent: float = 2 * self.spread / count**0.5
+        own: float = 2 * self.spread / count**0.5
         size = max(1, self.setting.num_workers)
         rounds = [statistics.fmean(self.step_s[i : i + size]) for i in range(0, count - size + 1, size)]
-        if size == 1 or len(rounds) < 3:
-            return independent
-        between_rounds: float = statistics.stdev(rounds)
-        return max(independent, 2 * between_rounds / math.sqrt(len(rounds)))
+        if size > 1 and len(rounds) >= 3:
+            own = max(own, 2 * statistics.stdev(rounds) / math.sqrt(len(rounds)))
+        return math.hypot(own, 2 * self.drift * self.per_step)
 
     @property
     def wait_share(self) -> float:
@@ -134,8 +136,24 @@ class Tuning:
         if setting == self.best:
             runs = [trial for trial in self.trials if trial.setting == setting]
             if len(runs) > 1:
-                return runs[-1]
+                return replace(runs[-1], drift=self.drift())  # one run: another would move by the drift
         return self.of(setting)
+
+    def drift(self) -> float:
+        """The run-to-run variation of a setting's mean beyond its steps' own noise, as a share of the mean,
+        estimated from the settings run more than once (the original and the best: their confirmations). A
+        run's figure promises what another run of it gets only within both."""
+        squares, freedom = 0.0, 0
+        for setting in dict.fromkeys(trial.setting for trial in self.trials):
+            runs = [trial for trial in self.trials if trial.setting == setting and len(trial.step_s) > 1]
+            if len(runs) < 2:
+                continue
+            centre = statistics.fmean(run.per_step for run in runs)
+            for run in runs:
+                standard_error = run.noise / 2
+                squares += ((run.per_step - centre) ** 2 - (1 - 1 / len(runs)) * standard_error**2) / centre**2
+            freedom += len(runs) - 1
+        return math.sqrt(max(0.0, squares / freedom)) if freedom else 0.0
 
     @property
     def gain(self) -> float:
@@ -196,8 +214,8 @@ class Tuning:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = [
             "stepwatch tune: the DataLoader settings measured on your own training step (ms/step: the mean, ± twice"
-            " its standard error, the best's from its confirming run alone; workers busy: their share of time on a CPU;"
-            " epoch start: the wait for an epoch's first batch)"
+            " its standard error, the best's from its confirming run alone, with the drift between runs; workers"
+            " busy: their share of time on a CPU; epoch start: the wait for an epoch's first batch)"
         ]
         if self.loader:
             lines.append(f"the loader tuned: {self.loader}")

@@ -1,0 +1,95 @@
+"""The tuning's decisions, driven with trials of known times: the search (``plan``), the last word on the runs
+pooled (``conclude``) and the drift between runs of one setting, which the best's figure carries."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwatch._tune import conclude, plan
+from stepwatch._tuning import Setting, Trial, Tuning
+
+
+def trial(setting: Setting, ms: float, epoch_start_s: float = 0.01, spread_ms: float = 0.0) -> Trial:
+    """Ten steps of ``ms`` (alternating ``± spread_ms``), no wait."""
+    steps = tuple((ms + (spread_ms if i % 2 else -spread_ms)) / 1e3 for i in range(10))
+    return Trial(setting, steps, (0.0,) * 10, epoch_start_s)
+
+
+def test_with_an_accelerator_the_other_pinning_is_tried_for_the_best() -> None:
+    """The search itself (``plan``), driven with trials of known times: workers help up to 2, prefetching does
+    not, and pinning (tried only with an accelerator in use) does."""
+    times = {0: 30.0, 1: 16.0, 2: 9.0}
+    search = plan(Setting(0), max_workers=2, pin_memory=False)
+    asked = [next(search)]
+    chosen = None
+    while chosen is None:
+        setting = asked[-1]
+        ms = times.get(setting.num_workers, 9.0)
+        if setting.pin_memory:
+            ms = 7.0
+        try:
+            asked.append(search.send(trial(setting, ms)))
+        except StopIteration as done:
+            chosen = done.value
+    assert asked == [
+        Setting(0),
+        Setting(1),
+        Setting(2),
+        Setting(2, 4),
+        Setting(2, 8),
+        Setting(2, None, True),
+        Setting(2, None, True, True),  # persistent workers: not chosen, an epoch starts no faster with them
+        Setting(0),
+        Setting(2, None, True),
+    ]
+    assert chosen == Setting(2, None, True) and chosen.describe() == "num_workers=2, pin_memory=True"
+
+
+def test_settings_below_the_programs_own_do_not_stop_the_climb() -> None:
+    """From ``num_workers=2``, 0 and 1 are slower: they are no step past the best, so the climb goes on to 3 (the
+    fastest) and stops two settings after it."""
+    times = {0: 30.0, 1: 20.0, 2: 10.0, 3: 6.0}
+    search = plan(Setting(2), max_workers=6)
+    asked = [next(search)]
+    while True:
+        setting = asked[-1]
+        ms = times.get(setting.num_workers, 6.0)
+        try:
+            asked.append(search.send(trial(setting, ms)))
+        except StopIteration as done:
+            chosen = done.value
+            break
+    assert [setting.num_workers for setting in asked[:6]] == [2, 0, 1, 3, 4, 6]
+    assert chosen == Setting(3)
+
+
+def test_the_persistent_variant_of_the_choice_is_weighed_again_on_the_runs_pooled() -> None:
+    """The search kept the original (its persistent variant's one run read slower than the original's first run
+    beyond the noise); pooled with the original's confirmation, the two are within each other's noise and the
+    persistent one starts an epoch in 10 ms instead of 300: it is the recommendation."""
+    original, persistent = Setting(2), Setting(2, persistent_workers=True)
+    trials = [
+        trial(original, 4.6, 0.3, 0.1),
+        trial(Setting(0), 12.0, 0.01, 0.1),
+        trial(persistent, 4.95, 0.01, 0.1),
+        trial(original, 4.95, 0.3, 0.1),
+    ]
+    assert conclude(original, original, trials, []).best == persistent
+    slower = [*trials[:2], trial(persistent, 6.0, 0.01, 0.1), trials[3]]
+    assert conclude(original, original, slower, []).best == original  # slower beyond the noise: not chosen
+
+
+def test_the_best_figure_carries_the_drift_seen_between_runs_of_one_setting() -> None:
+    """The original ran at 10 and 11 ms and the best at 5 and 5.5 ms, each run without noise of its own: runs
+    drift by about 7% of the mean (the standard deviation of two runs differing by 10% is 7%), and the best's
+    figure, one run, says so in its noise."""
+    original, best = Setting(0), Setting(2)
+    tuning = Tuning(original, best, (trial(original, 10), trial(best, 5), trial(original, 11), trial(best, 5.5)))
+    drift = tuning.drift()
+    assert drift == pytest.approx(0.0674, rel=0.01)  # sqrt(((0.5/10.5)**2 * 2 + (0.25/5.25)**2 * 2) / 2)
+    figure = tuning.measured(best)
+    assert figure.per_step == pytest.approx(0.0055) and figure.noise == pytest.approx(2 * drift * 0.0055)
+    pooled = tuning.measured(original)  # its runs pooled: the drift is in their spread already
+    assert pooled.drift == 0 and pooled.noise == pytest.approx(2 * pooled.spread / 20**0.5)
+    alone = Tuning(original, best, (trial(original, 10), trial(best, 5)))
+    assert alone.drift() == 0 and alone.measured(best).noise == 0  # nothing ran twice: no drift to see
