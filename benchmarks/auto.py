@@ -5,7 +5,8 @@ One unmodified loop (a DataLoader, forward, loss, backward, optimizer step and z
 runs three ways, in alternating order within each repeat: plain (stepwatch off, nothing patched), under
 ``stepwatch.auto()`` (what ``stepwatch run`` and ``STEPWATCH=auto`` do, in this process so that interpreter
 start-up does not drown the per-step figure), and with the same stages written by hand (``watch`` and
-``timed``). Medians of the paired differences over repeats resist the machine's drift. Writes
+``timed``), plus the plain loop once more as the noise floor, in a shuffled order within each repeat. Medians
+of the paired differences over repeats resist the machine's drift. Writes
 ``benchmarks/results/auto.json`` and prints the figures.
 """
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -70,7 +72,7 @@ def by_hand(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=200, help="training steps per run")
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", default=str(RESULTS / "auto.json"))
     args = parser.parse_args()
     model, optimizer, criterion, loader = build(args.steps)
@@ -91,30 +93,37 @@ def main() -> None:
         finally:
             stepwatch.disable()
 
-    ways = ["plain", "auto", "by hand"]
+    ways = ["plain", "plain again", "auto", "by hand"]
     for way in ways:  # warm every path once
-        run(way)
+        run(way.removesuffix(" again"))
     times: dict[str, list[float]] = {way: [] for way in ways}
-    auto_vs_plain, auto_vs_hand = [], []
-    for repeat in range(args.repeats):
-        order = ways if repeat % 2 else list(reversed(ways))
-        this = {way: run(way) for way in order}
+    shuffle = random.Random(0).shuffle
+    for _ in range(args.repeats):
+        order = list(ways)
+        shuffle(order)  # in a fixed order, whatever runs after a stepwatch run was 0.7% slower or faster
+        this = {way: run(way.removesuffix(" again")) for way in order}
         for way in ways:
             times[way].append(this[way])
-        auto_vs_plain.append(this["auto"] - this["plain"])
-        auto_vs_hand.append(this["auto"] - this["by hand"])
         stepwatch.reset()
+
+    def added_to_plain(way: str) -> float:
+        return statistics.median(t - p for t, p in zip(times[way], times["plain"], strict=True))
+
     step = statistics.median(times["plain"])
-    added = statistics.median(auto_vs_plain)
+    added = added_to_plain("auto")
     figures = {
         "step_ns_plain": step,
         "step_ns_auto": statistics.median(times["auto"]),
         "step_ns_by_hand": statistics.median(times["by hand"]),
         "auto_added_ns_per_step_median_paired": added,
-        "auto_minus_by_hand_ns_per_step_median_paired": statistics.median(auto_vs_hand),
+        "by_hand_added_ns_per_step_median_paired": added_to_plain("by hand"),
+        "auto_minus_by_hand_ns_per_step_median_paired": statistics.median(
+            a - h for a, h in zip(times["auto"], times["by hand"], strict=True)
+        ),
+        "noise_floor_plain_again_minus_plain_ns": added_to_plain("plain again"),
     }
     share = added / step
-    hand_share = statistics.median(h - p for h, p in zip(times["by hand"], times["plain"], strict=True)) / step
+    hand_share = added_to_plain("by hand") / step
     estimates = own_estimates(model, optimizer, criterion, loader)
     figures_shares = {
         "auto: measured share": share,

@@ -1,5 +1,6 @@
-"""stepwatch's own cost in every report: the blocks it timed, at a cost per block calibrated in this process;
-the estimate checked against a direct on/off measurement of blocks around the same kind of work."""
+"""stepwatch's own cost in every report: what it did (blocks, step boundaries, patched calls, worker reports), at
+a cost per operation calibrated in this process; the estimate checked against a direct on/off measurement of
+blocks around the same kind of work (and, by hand, against ``benchmarks/auto.py`` and ``overhead.py``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
 from stepwatch import Stopwatch
-from stepwatch._self_cost import block_ns, blocks_timed, own_share
+from stepwatch._self_cost import block_ns, blocks_timed, operations, own_share
 
 from .conftest import FakeClock
 
@@ -35,13 +38,15 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
     assert block_ns() is not None
     # loader and step of each of 11 steps (the first apart, as first_batch and first_step) and their two blocks
     assert blocks_timed(summary) == 11 * 4
+    # and the boundaries of the 10 steps of the steady state (the first is a one-off)
+    assert operations(summary) == {"blocks": 44, "steps": 10, "patched calls": 0, "worker reports": 0}
     measured = sum(phase.measured_ns for phase in summary.phases.values())
-    share = 44 * cost / measured
+    share = 54 * cost / measured
     assert own_share(summary) == share
     last = stepwatch.render(summary).rstrip().splitlines()[-1]
     assert last == (
-        f"stepwatch's own cost: about {share:.1%} of the measured time (44 blocks timed at ~{cost / 1e3:.1f} us each,"
-        " measured in this process)"
+        f"stepwatch's own cost: about {share:.1%} of the measured time (44 blocks, 10 steps, at ~{cost / 1e3:.1f} us"
+        " each, measured in this process)"
     )
     sw.save(tmp_path / "run.json")
     assert stepwatch.render(stepwatch.load(tmp_path / "run.json")).rstrip().splitlines()[-1] == last
@@ -72,3 +77,41 @@ def test_the_calibrated_cost_is_within_a_factor_of_two_of_blocks_measured_on_and
     calibrated = block_ns()
     assert calibrated is not None
     assert direct / 2 <= calibrated <= direct * 2, (direct, calibrated)
+
+
+def loader(workers: int) -> DataLoader[tuple[torch.Tensor, ...]]:
+    """Six batches of four samples."""
+    return DataLoader(TensorDataset(torch.randn(24, 4), torch.randn(24, 1)), batch_size=4, num_workers=workers)
+
+
+def test_the_pipeline_wrappers_in_the_main_process_and_the_worker_reports_are_counted() -> None:
+    """Without workers, ``watch()``'s wrappers of the dataset and the collate run in the main process, once a batch
+    each (the samples of a batch are read in one block); with a worker, each batch brings back one report."""
+    for workers, expected in (
+        (0, {"patched calls": 12, "worker reports": 0}),
+        (1, {"patched calls": 0, "worker reports": 6}),
+    ):
+        sw = Stopwatch()
+        sw.enable()
+        for _ in sw.watch(loader(workers)):
+            with sw.timed("forward"):
+                pass
+        counts = operations(sw.summary())
+        assert {kind: counts[kind] for kind in expected} == expected, workers
+        # loader and step of each batch, the forward, and in the main process the dataset's and collate's blocks
+        assert counts["blocks"] == 6 * (5 if workers == 0 else 3) and counts["steps"] == 5
+
+
+def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
+    """Each block auto-instrumentation opens in a step comes from a wrapper or a hook (the optimizer's two: before
+    and after its step)."""
+    model, criterion = nn.Linear(4, 1), nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader(0):
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    counts = operations(stepwatch.summary())
+    # forward, loss, backward, zero_grad once and the optimizer twice, over 6 steps; dataset and collate wrappers
+    assert counts["patched calls"] == 6 * 6 + 2 * 6

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._constants import OTHER
+from ._constants import FIRST_BATCH, FIRST_STEP, OTHER
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -32,6 +32,13 @@ SCRATCH = 64 * 1024
 _calibrated: float | None = None
 _calibrating = False
 
+
+STEP_ROWS = ("step", FIRST_STEP)
+"""The rows whose children auto-instrumentation's wrappers open (forward, loss, backward, optimizer, ...)."""
+PIPELINE_ROWS = ("dataset", "dataset_batch", "collate")
+"""The rows ``watch()``'s wrappers of a dataset's ``__getitems__`` and a ``collate_fn`` time, one call a batch."""
+LOADER_ROWS = ("loader", FIRST_BATCH)
+"""The rows of a loop's batch waits: one a batch, each carrying its worker's report when workers run."""
 
 IN_SITU = 24
 """Blocks timed between the training's own steps (one a step, from the third) for the in-situ cost."""
@@ -136,17 +143,38 @@ def blocks_timed(summary: Summary) -> int:
     """The blocks the main process timed: every stage's calls, but the computed ``other`` rows, what DataLoader
     workers timed (their time is not the training loop's), and a ``dataset`` row's per-sample calls: its samples
     are read under one block per batch, as many as its parent's calls."""
-    blocks = 0
+    return operations(summary)["blocks"]
+
+
+def operations(summary: Summary) -> dict[str, int]:
+    """What stepwatch did in the main process, by kind: ``blocks`` (:func:`blocks_timed`); ``steps``, each
+    step's boundary (ending one step, starting the next wait: the schedule, periodic calls, the window); ``patched
+    calls``, auto-instrumentation's wrappers and hooks (each block it opened inside a step, and the optimizer's
+    second hook) and ``watch()``'s wrappers of a dataset and a collate function that run in the main process (one
+    a batch each); ``worker reports``, one a batch from DataLoader workers, unpacked and merged."""
+    counts = {"blocks": 0, "steps": 0, "patched calls": 0, "worker reports": 0}
+    auto = summary.metadata.get("auto") is not None
     for phase in summary.phases.values():
+        counts["steps"] += phase.steps
+        from_workers = False
         for path, stage in phase.stages.items():
             parent, _, name = path.rpartition("/")
-            if stage.in_workers or name == OTHER:
+            if stage.in_workers:
+                from_workers = True
+                continue
+            if name == OTHER:
                 continue
             if name == "dataset" and parent in phase.stages:
-                blocks += min(stage.calls, phase.stages[parent].calls)
+                counts["blocks"] += min(stage.calls, phase.stages[parent].calls)
             else:
-                blocks += stage.calls
-    return blocks
+                counts["blocks"] += stage.calls
+            if auto and parent in STEP_ROWS:
+                counts["patched calls"] += stage.calls * (2 if name == "optimizer" else 1)
+            elif name in PIPELINE_ROWS and parent in LOADER_ROWS:  # watch()'s wrapper of the dataset, the collate
+                counts["patched calls"] += min(stage.calls, phase.stages[parent].calls)
+        if from_workers:
+            counts["worker reports"] += sum(phase.stages[row].calls for row in LOADER_ROWS if row in phase.stages)
+    return counts
 
 
 def own_share(summary: Summary) -> float | None:
@@ -155,7 +183,7 @@ def own_share(summary: Summary) -> float | None:
     measured = sum(phase.measured_ns for phase in summary.phases.values())
     if not isinstance(cost, (int, float)) or isinstance(cost, bool) or not measured:
         return None
-    return blocks_timed(summary) * cost / measured
+    return sum(operations(summary).values()) * cost / measured
 
 
 def own_cost(summary: Summary) -> str | None:
@@ -163,7 +191,9 @@ def own_cost(summary: Summary) -> str | None:
     share = own_share(summary)
     if share is None:
         return None
+    counts = operations(summary)
+    kinds = ", ".join(f"{count:,} {kind}" for kind, count in counts.items() if count)
     return (
-        f"stepwatch's own cost: about {share:.1%} of the measured time ({blocks_timed(summary):,} blocks timed at"
-        f" ~{summary.metadata['block_ns'] / 1e3:.1f} us each, measured in this process)"
+        f"stepwatch's own cost: about {share:.1%} of the measured time ({kinds}, at ~"
+        f"{summary.metadata['block_ns'] / 1e3:.1f} us each, measured in this process)"
     )
