@@ -6,14 +6,14 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stepwatch-installed
 
-.PHONY: setup demo test lint bench bench-valgrind clean
+.PHONY: setup demo test lint docs bench bench-valgrind clean
 
 $(STAMP): pyproject.toml Makefile
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test,demo]"
+	$(BIN)/python -m pip install --quiet -e ".[test,demo,docs]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,7 +26,11 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# the documentation site from docs/ (MkDocs, Material theme); --strict: a broken link, anchor or page fails it
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: lint docs
 	$(BIN)/python -m pytest
 
 bench: setup
@@ -44,4 +48,4 @@ bench-valgrind: setup
 	$(BIN)/python benchmarks/in_situ.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

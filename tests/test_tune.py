@@ -131,6 +131,20 @@ def test_workers_that_start_slowly_are_kept_across_epochs() -> None:
     assert "persistent workers start an epoch in" in tuning.recommendation()
 
 
+def test_a_loader_watched_before_is_tuned_with_its_own_collate_and_worker_init() -> None:
+    """``watch()`` leaves its wrappers on a loader's collate and worker init (their workers send carriers that
+    only a watched loop unwraps): the loaders tune builds use the loader's own functions."""
+    loader = DataLoader(SleepingReads(400, 0.001), batch_size=4, num_workers=1)
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    for _ in sw.watch(loader):
+        pass
+    seen: list[Any] = []
+    tuning = stepwatch.tune(loader, step=seen.append, steps=4, max_workers=1)
+    assert {trial.setting.num_workers for trial in tuning.trials} == {0, 1}
+    assert all(isinstance(batch, torch.Tensor) for batch in seen), {type(batch) for batch in seen}
+
+
 def test_workers_busy_tells_waiting_workers_from_computing_ones() -> None:
     """The share of their time the workers spend on a CPU: near nothing for reads that sleep, far more for reads
     that compute; no figure without workers."""

@@ -55,9 +55,11 @@ class StepwatchProfiler(Profiler):
     Args:
         out: where the run is saved at the end of ``fit``; default ``stepwatch.json`` in the trainer's log
             directory.
-        warmup, active, every: the measuring window, as for ``stepwatch.enable()``.
-        flops, peak_flops: count the FLOPs of one training step, for FLOP/s and MFU in the report (as for
-            ``stepwatch.enable()``).
+        warmup: steps skipped before measuring, as for ``stepwatch.enable()``.
+        active: steps measured (None: all of them), as for ``stepwatch.enable()``.
+        every: the window repeats every that many steps, as for ``stepwatch.enable()``.
+        flops: count the FLOPs of one training step, for FLOP/s and MFU in the report.
+        peak_flops: the device's peak FLOP/s, for MFU where it is not in stepwatch's table.
         val_phase: the name of the validation phase.
         stop: with ``active``: end the fit once the window is measured (``Trainer.should_stop``); the report
             comes at the end of the fit, as always.
