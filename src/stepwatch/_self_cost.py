@@ -177,21 +177,22 @@ def operations(summary: Summary) -> dict[str, int]:
     return counts
 
 
-def own_share(summary: Summary) -> float | None:
-    """The estimate as a share of the measured time, or None without a calibrated cost or a measured time."""
+def own_share(summary: Summary, counts: dict[str, int] | None = None) -> float | None:
+    """The estimate as a share of the measured time, or None without a calibrated cost or a measured time
+    (``counts``: the run's :func:`operations`, when the caller has them already)."""
     cost = summary.metadata.get("block_ns")
     measured = sum(phase.measured_ns for phase in summary.phases.values())
     if not isinstance(cost, (int, float)) or isinstance(cost, bool) or not measured:
         return None
-    return sum(operations(summary).values()) * cost / measured
+    return sum((counts or operations(summary)).values()) * cost / measured
 
 
 def own_cost(summary: Summary) -> str | None:
     """The report's last line: ``stepwatch's own cost: about 0.3% of the measured time (...)``."""
-    share = own_share(summary)
+    counts = operations(summary)
+    share = own_share(summary, counts)
     if share is None:
         return None
-    counts = operations(summary)
     kinds = ", ".join(f"{count:,} {kind}" for kind, count in counts.items() if count)
     return (
         f"stepwatch's own cost: about {share:.1%} of the measured time ({kinds}, at ~"

@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from typing import Any, cast
 
+from ._dataloader.in_workers import unwrapped
 from ._tuning import Setting, Trial, Tuning
 
 STEPS = 30
@@ -100,10 +101,10 @@ class Rebuilder:
             batching = {"batch_size": None, **sampling}  # the dataset's items are the batches
         options: dict[str, Any] = {
             **batching,
-            "collate_fn": _unwatched(loader.collate_fn),
+            "collate_fn": unwrapped(loader.collate_fn),
             "num_workers": setting.num_workers,
             "pin_memory": loader.pin_memory if setting.pin_memory is None else setting.pin_memory,
-            "worker_init_fn": _unwatched(loader.worker_init_fn),
+            "worker_init_fn": unwrapped(loader.worker_init_fn),
         }
         if setting.num_workers:
             options["prefetch_factor"] = setting.prefetch_factor or 2
@@ -160,18 +161,6 @@ def more_workers_than_cores() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         yield
-
-
-def _unwatched(function: Any) -> Any:
-    """A loader's own ``collate_fn`` or ``worker_init_fn``, without the wrapper ``watch()`` left on it (its
-    workers would send their batches inside carriers that only a watched loop unwraps)."""
-    from ._dataloader.in_workers import TimedCollate, WorkerInit
-
-    if isinstance(function, TimedCollate):
-        return function.collate_fn
-    if isinstance(function, WorkerInit):
-        return function.worker_init_fn
-    return function
 
 
 def better(candidate: Trial, best: Trial) -> bool:

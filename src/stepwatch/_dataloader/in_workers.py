@@ -302,6 +302,16 @@ def remove_dataset_timing(dataset: Any, wrapper: TimedGetItems) -> None:
         del dataset.__getitems__
 
 
+def unwrapped(function: Any) -> Any:
+    """A loader's own ``collate_fn`` or ``worker_init_fn``, without the wrapper ``watch()`` puts on it (its
+    workers send their batches inside carriers that only a watched loop unwraps); anything else as it is."""
+    if isinstance(function, TimedCollate):
+        return function.collate_fn
+    if isinstance(function, WorkerInit):
+        return function.worker_init_fn
+    return function
+
+
 class WorkerInit:
     """Wraps a ``worker_init_fn``: in each worker, starts a clean, enabled default stopwatch that never
     autosaves (the main process owns the run file), and times the worker's copy of the dataset."""

@@ -26,6 +26,7 @@ from .in_workers import (
     WorkerReport,
     install_dataset_timing,
     remove_dataset_timing,
+    unwrapped,
 )
 
 if TYPE_CHECKING:
@@ -196,12 +197,10 @@ def instrument_always(loader: Any, stopwatch: Stopwatch) -> None:
 def uninstrument(loader: Any) -> None:
     """Undoes :func:`_instrument` on a loader (auto-instrumentation ending). Iterators that unwrap batches
     stay while the loader keeps persistent workers started instrumented: those keep wrapping their batches."""
-    collate = loader.__dict__.get("collate_fn")
-    if isinstance(collate, TimedCollate):
-        loader.collate_fn = collate.collate_fn
-    init = loader.__dict__.get("worker_init_fn")
-    if isinstance(init, WorkerInit):
-        loader.worker_init_fn = init.worker_init_fn
+    for name in ("collate_fn", "worker_init_fn"):
+        wrapper = loader.__dict__.get(name)
+        if isinstance(wrapper, (TimedCollate, WorkerInit)):
+            setattr(loader, name, unwrapped(wrapper))
     unwrapping = loader.__dict__.get("_get_iterator")
     if isinstance(unwrapping, Unwrapping):
         unwrapping.receiver = unwrapping.on_batch = None
