@@ -111,9 +111,13 @@ class Tuning:
     loader: str = ""
     """Which DataLoader was tuned: its dataset, batch size and epoch length."""
 
+    def runs(self, setting: Setting) -> list[Trial]:
+        """A setting's trials, in the order run."""
+        return [trial for trial in self.trials if trial.setting == setting]
+
     def of(self, setting: Setting) -> Trial:
         """A setting's figures, its trials pooled."""
-        runs = [trial for trial in self.trials if trial.setting == setting]
+        runs = self.runs(setting)
         if not runs:
             raise KeyError(setting.describe())
         steps = tuple(value for trial in runs for value in trial.step_s)
@@ -134,7 +138,7 @@ class Tuning:
         confirming run alone when it has one (the run that got it chosen is the luckiest of several, so it
         flatters it: the winner's curse)."""
         if setting == self.best:
-            runs = [trial for trial in self.trials if trial.setting == setting]
+            runs = self.runs(setting)
             if len(runs) > 1:
                 return replace(runs[-1], drift=self.drift())  # one run: another would move by the drift
         return self.of(setting)
@@ -145,7 +149,7 @@ class Tuning:
         run's figure promises what another run of it gets only within both."""
         squares, freedom = 0.0, 0
         for setting in dict.fromkeys(trial.setting for trial in self.trials):
-            runs = [trial for trial in self.trials if trial.setting == setting and len(trial.step_s) > 1]
+            runs = [run for run in self.runs(setting) if len(run.step_s) > 1]
             if len(runs) < 2:
                 continue
             centre = statistics.fmean(run.per_step for run in runs)
