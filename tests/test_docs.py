@@ -27,7 +27,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import stepwatch
-from stepwatch.integrations.lightning import StepwatchProfiler
 
 torch.manual_seed(0)
 device = "cpu"
