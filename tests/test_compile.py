@@ -77,6 +77,23 @@ def test_a_run_without_torch_compile_says_nothing_of_it() -> None:
     assert summary.metadata["compiles"] == [] and "torch.compile" not in stepwatch.render(summary)
 
 
+def test_reset_forgets_the_compilations_of_the_run() -> None:
+    """After ``reset()`` the compilations seen before are no longer the run's: not in its metadata, and they keep
+    no later FLOP counting from counting (a Lightning run after a compiled model's, in one process)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(nn.Linear(16, 1), backend="aot_eager")
+    sw = Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(3)):
+        compiled(torch.randn(8, 16))
+    assert sw.summary().metadata["compiles"]
+    sw.reset()
+    for _ in sw.timed_iter(range(3)):
+        pass
+    summary = sw.summary()
+    assert summary.metadata["compiles"] == [] and "compile" not in summary.phases["train"].stages
+
+
 def test_flops_are_not_counted_under_torch_compile_which_keeps_compiling() -> None:
     """A compiled function called under torch's FLOP counter goes back to eager for the rest of the run (it stops
     recompiling): with compiled code in the run, the counting is skipped and the report says why."""

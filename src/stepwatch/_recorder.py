@@ -340,6 +340,7 @@ class Stopwatch(Results):
         self.span.clear()
         self.window_end.clear()
         self.workers.nodes.clear()  # the nodes' "ran in workers" marks are cleared: found again from reports
+        self.compiles.events.clear()  # the compilations of the run forgotten (a compilation under way is kept)
         if self.timeline is not None:
             self.timeline.clear()
         self.stacks.set_window(True)
