@@ -38,7 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
     parser.add_argument("--steps", type=int, default=STEPS, help=f"steps measured per setting (default {STEPS})")
-    parser.add_argument("--max-workers", type=int, default=None, help="most workers tried (default: CPU count)")
+    parser.add_argument(
+        "--max-workers",
+        type=int,
+        default=None,
+        help=(
+            "most workers tried (default: the CPU count, and up to twice the cores plus two while the workers"
+            " wait on reads rather than compute)"
+        ),
+    )
     parser.add_argument("-o", "--out", help="save the table as JSON (stepwatch report prints it again)")
     return parser
 
