@@ -1,6 +1,7 @@
-"""stepwatch's own cost in every report: what it did (blocks, step boundaries, patched calls, worker reports), at
-a cost per operation calibrated in this process; the estimate checked against a direct on/off measurement of
-blocks around the same kind of work (and, by hand, against ``benchmarks/auto.py`` and ``overhead.py``)."""
+"""stepwatch's own cost in every report: what it did (blocks, step boundaries, patched calls, worker reports,
+``count()`` calls), at a cost per operation calibrated in this process; the estimate checked against a direct
+on/off measurement of blocks around the same kind of work (and, by hand, against ``benchmarks/auto.py`` and
+``overhead.py``)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
     # loader and step of each of 11 steps (the first apart, as first_batch and first_step) and their two blocks
     assert blocks_timed(summary) == 11 * 4
     # and the boundaries of the 10 steps of the steady state (the first is a one-off)
-    assert operations(summary) == {"blocks": 44, "steps": 10, "patched calls": 0, "worker reports": 0}
+    assert operations(summary) == {
+        "blocks": 44, "steps": 10, "patched calls": 0, "worker reports": 0, "count() calls": 0
+    }  # fmt: skip
     measured = sum(phase.measured_ns for phase in summary.phases.values())
     share = 54 * cost / measured
     assert own_share(summary) == share
@@ -104,7 +107,7 @@ def test_the_pipeline_wrappers_in_the_main_process_and_the_worker_reports_are_co
 
 def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
     """Each block auto-instrumentation opens in a step comes from a wrapper or a hook (the optimizer's two: before
-    and after its step)."""
+    and after its step), and each batch passes through its loop around ``watch()``."""
     model, criterion = nn.Linear(4, 1), nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in loader(0):
@@ -113,5 +116,35 @@ def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
         optimizer.step()
         optimizer.zero_grad()
     counts = operations(stepwatch.summary())
-    # forward, loss, backward, zero_grad once and the optimizer twice, over 6 steps; dataset and collate wrappers
-    assert counts["patched calls"] == 6 * 6 + 2 * 6
+    # forward, loss, backward, zero_grad once and the optimizer twice, over 6 steps; dataset and collate wrappers;
+    # auto's loop, once a batch
+    assert counts["patched calls"] == 6 * 6 + 2 * 6 + 6
+    # and the sample count of each step but the first (a one-off: neither its time nor its counts are measured)
+    assert counts["count() calls"] == 5
+
+
+def test_count_calls_are_counted_kept_and_resumed(tmp_path: Path) -> None:
+    """Each ``count()`` that adds to the counters is one operation of stepwatch's own: counted per phase, in the
+    report's last line, kept by a saved run and by a checkpoint's state; a count outside the measured steps is
+    not."""
+    clock = FakeClock()
+    sw = Stopwatch(clock=clock)
+    sw.count(samples=4)  # not measuring yet
+    sw.enable()
+    for _ in sw.timed_iter(range(6)):
+        clock.advance(MS)
+        sw.count(samples=4, tokens=64)
+    for _ in sw.timed_iter(range(3), phase="val"):
+        sw.count(samples=2)
+    summary = sw.summary()
+    assert summary.phases["train"].count_calls == 5 and summary.phases["val"].count_calls == 2
+    assert operations(summary)["count() calls"] == 7
+    assert "7 count() calls" in stepwatch.render(summary).rstrip().splitlines()[-1]
+    sw.save(tmp_path / "run.json")
+    assert stepwatch.load(tmp_path / "run.json").phases["train"].count_calls == 5
+    resumed = Stopwatch(clock=clock)
+    resumed.load_state_dict(sw.state_dict())
+    resumed.enable()
+    for _ in resumed.timed_iter(range(3)):
+        resumed.count(samples=4)
+    assert resumed.summary().phases["train"].count_calls == 5 + 2

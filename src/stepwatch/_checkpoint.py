@@ -85,6 +85,7 @@ def load_state_dict(sw: Stopwatch, state: Any) -> None:
         for name, phase_summary in parsed.summary.phases.items():
             phase = sw.tree.phase(name)
             phase.counters = dict(phase_summary.counters)
+            phase.count_calls = phase_summary.count_calls
             phase.loop_ns = phase_summary.loop_ns
             phase.steps = phase_summary.steps
             for path, stage in phase_summary.stages.items():

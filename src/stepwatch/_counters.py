@@ -19,6 +19,7 @@ from ._tree import DROPPED
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
+    from ._tree import Phase
 
 logger = logging.getLogger("stepwatch")
 
@@ -37,25 +38,27 @@ def add_counts(self: Stopwatch, **units: float) -> None:
         if type(value) is not int and not (type(value) is float and math.isfinite(value)):
             units = {unit: as_count(unit, value) for unit, value in units.items()}
             break
-    counters = _measured_counters(self)
-    if counters is None:
+    phase = _measured_phase(self)
+    if phase is None:
         return
     with self.tree.count_lock:
+        phase.count_calls += 1
         for unit, value in units.items():
-            _add(self, counters, unit, value)
+            _add(self, phase.counters, unit, value)
 
 
 def add_samples(self: Stopwatch, size: int) -> None:
     """``count(samples=size)`` for auto-instrumentation's loop, where ``size`` is a positive int already: no
     keywords and no checks on the training loop's path."""
-    counters = _measured_counters(self)
-    if counters is not None:
+    phase = _measured_phase(self)
+    if phase is not None:
         with self.tree.count_lock:
-            _add(self, counters, "samples", size)
+            phase.count_calls += 1
+            _add(self, phase.counters, "samples", size)
 
 
-def _measured_counters(self: Stopwatch) -> dict[str, float] | None:
-    """The current phase's counters while measuring (None: not measuring, a dropped step, the first step)."""
+def _measured_phase(self: Stopwatch) -> Phase | None:
+    """The current phase while measuring (None: not measuring, a dropped step, the first step)."""
     stacks = self.stacks
     if not stacks.measuring:
         return None
@@ -70,7 +73,7 @@ def _measured_counters(self: Stopwatch) -> dict[str, float] | None:
     phase = self.tree.phases.get(name) or self.tree.phase(name)
     if phase.in_first_step:  # the one-off first step: its time is apart, so are its counts
         return None
-    return phase.counters
+    return phase
 
 
 def _add(self: Stopwatch, counters: dict[str, float], unit: str, value: float) -> None:

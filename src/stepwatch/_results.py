@@ -45,6 +45,7 @@ def snapshot(stopwatch: Stopwatch) -> Summary:
                         worker_id: totals.stats(worker_id, phase.consuming, time.perf_counter_ns())
                         for worker_id, totals in sorted(phase.workers.items())
                     },
+                    phase.count_calls,
                 )
         ooms = tuple(device_timer.out_of_memory) if device_timer is not None else ()
         timeline = stopwatch.timeline

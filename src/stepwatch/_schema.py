@@ -152,6 +152,7 @@ def check_phase(name: Any, data: Any, where: str) -> None:
         _number(value, f"{where}.counters.{unit}")
     _int(data.get("loop_ns", MISSING), f"{where}.loop_ns")
     _int(data.get("steps", MISSING), f"{where}.steps")
+    _int(data.get("count_calls", 0), f"{where}.count_calls")
     if data.get("device") is not None:
         device = _dict(data["device"], f"{where}.device")
         for key in ("busy_ns", "idle_ns", "steps"):

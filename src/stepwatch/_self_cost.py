@@ -149,13 +149,16 @@ def blocks_timed(summary: Summary) -> int:
 def operations(summary: Summary) -> dict[str, int]:
     """What stepwatch did in the main process, by kind: ``blocks`` (:func:`blocks_timed`); ``steps``, each
     step's boundary (ending one step, starting the next wait: the schedule, periodic calls, the window); ``patched
-    calls``, auto-instrumentation's wrappers and hooks (each block it opened inside a step, and the optimizer's
-    second hook) and ``watch()``'s wrappers of a dataset and a collate function that run in the main process (one
-    a batch each); ``worker reports``, one a batch from DataLoader workers, unpacked and merged."""
-    counts = {"blocks": 0, "steps": 0, "patched calls": 0, "worker reports": 0}
+    calls``, auto-instrumentation's wrappers and hooks (each block it opened inside a step, the optimizer's
+    second hook, and its loop around each batch, which counts the batch's samples) and ``watch()``'s wrappers of
+    a dataset's reads and a collate function that run in the main process (one a batch each); ``worker
+    reports``, one a batch from DataLoader workers, unpacked and merged; ``count() calls`` that added to the
+    counters (auto's sample count among them)."""
+    counts = {"blocks": 0, "steps": 0, "patched calls": 0, "worker reports": 0, "count() calls": 0}
     auto = summary.metadata.get("auto") is not None
     for phase in summary.phases.values():
         counts["steps"] += phase.steps
+        counts["count() calls"] += phase.count_calls
         from_workers = False
         for path, stage in phase.stages.items():
             parent, _, name = path.rpartition("/")
@@ -172,8 +175,11 @@ def operations(summary: Summary) -> dict[str, int]:
                 counts["patched calls"] += stage.calls * (2 if name == "optimizer" else 1)
             elif name in PIPELINE_ROWS and parent in LOADER_ROWS:  # watch()'s wrapper of the dataset, the collate
                 counts["patched calls"] += min(stage.calls, phase.stages[parent].calls)
+        batches = sum(phase.stages[row].calls for row in LOADER_ROWS if row in phase.stages)
+        if auto:  # auto's loop around watch(): each batch passes through it
+            counts["patched calls"] += batches
         if from_workers:
-            counts["worker reports"] += sum(phase.stages[row].calls for row in LOADER_ROWS if row in phase.stages)
+            counts["worker reports"] += batches
     return counts
 
 

@@ -27,7 +27,8 @@ from ._trace import TraceEvent
 
 @dataclass(frozen=True)
 class PhaseSummary:
-    """One phase (``train``, ``val``, ...): its stages by path, counted units and measured loop time."""
+    """One phase (``train``, ``val``, ...): its stages by path, counted units and measured loop time.
+    ``count_calls``: the ``count()`` calls that added to the counters (for stepwatch's own cost)."""
 
     name: str
     stages: Mapping[str, StageStats]
@@ -36,6 +37,7 @@ class PhaseSummary:
     steps: int
     device: DeviceLoad = field(default_factory=DeviceLoad)
     workers: Mapping[int, WorkerStats] = field(default_factory=dict)
+    count_calls: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
@@ -99,6 +101,7 @@ class PhaseSummary:
             self.steps + other.steps,
             self.device.merge(other.device),
             _merge_workers(self.workers, other.workers),
+            self.count_calls + other.count_calls,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,6 +112,7 @@ class PhaseSummary:
             "steps": self.steps,
             "device": self.device.to_dict(),
             "workers": {str(worker_id): worker.to_dict() for worker_id, worker in self.workers.items()},
+            "count_calls": self.count_calls,
         }
 
     @classmethod
@@ -120,7 +124,8 @@ class PhaseSummary:
                 raise TypeError(f"counter {unit!r} must be a number")
         device = DeviceLoad.from_dict(data["device"]) if data.get("device") is not None else DeviceLoad()
         workers = {int(k): WorkerStats.from_dict(int(k), v) for k, v in dict(data.get("workers") or {}).items()}
-        return cls(name, _tree_order(stages), counters, int(data["loop_ns"]), int(data["steps"]), device, workers)
+        loop_ns, steps, count_calls = int(data["loop_ns"]), int(data["steps"]), int(data.get("count_calls", 0))
+        return cls(name, _tree_order(stages), counters, loop_ns, steps, device, workers, count_calls)
 
 
 @dataclass(frozen=True)

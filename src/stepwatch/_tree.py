@@ -94,6 +94,7 @@ class Phase:
 
     __slots__ = (
         "consuming",
+        "count_calls",
         "counters",
         "device_busy_ns",
         "device_caught_up",
@@ -118,6 +119,7 @@ class Phase:
     def clear(self) -> None:
         self.root.clear()
         self.counters = {}
+        self.count_calls = 0  # count() calls that added to the counters: stepwatch's own cost counts them
         self.loop_ns = 0
         self.steps = 0
         self.schedule_pos = 0
@@ -144,6 +146,7 @@ class Phase:
 
 
 _RECORDED = (
+    "count_calls",
     "counters",
     "consuming",
     "device_busy_ns",
