@@ -244,6 +244,23 @@ def test_killed_worker_keeps_timings_of_delivered_batches(sw: Stopwatch) -> None
     assert calls(sw, "dataset") == 4 * received
 
 
+def test_single_process_reads_are_timed_without_touching_the_dataset(sw: Stopwatch) -> None:
+    """With ``num_workers=0`` the reads are timed through the iterator's fetcher: the dataset's own attributes are
+    never added to (an attribute set on an instance makes Python stop sharing its dictionary's keys, which slows
+    every attribute read of each sample's ``__getitem__``), the iterator hands out torch's plain batches, and a
+    loader iterated outside ``watch()`` reads untimed."""
+    dataset = BusyDataset(size=8)
+    own = dict(vars(dataset))
+    loader = make_loader(None, dataset=dataset, num_workers=0)
+    for _ in sw.watch(loader):
+        assert vars(dataset) == own
+    assert calls(sw, "dataset") == 8 and calls(sw, "collate") == 2
+    for _ in loader:  # iterated directly: nothing recorded
+        pass
+    assert calls(sw, "dataset") == 8 and calls(sw, "collate") == 2
+    assert vars(dataset) == own
+
+
 def test_single_process_loader_nests_under_the_wait(sw: Stopwatch) -> None:
     dataset = BusyDataset(size=8)
     loader = make_loader(None, dataset=dataset, num_workers=0)

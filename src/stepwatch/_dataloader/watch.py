@@ -22,10 +22,11 @@ from .in_workers import (
     Carrier,
     TimedCollate,
     TimedGetItems,
+    TimedReads,
     WorkerInit,
     WorkerReport,
-    install_dataset_timing,
-    remove_dataset_timing,
+    dataset_timing,
+    in_worker,
     unwrapped,
 )
 
@@ -39,12 +40,15 @@ class Unwrapping:
     """Set as a watched DataLoader's ``_get_iterator``: every iterator it makes hands out plain batches,
     whoever iterates the loader (a ``watch()`` loop, the loader used directly, a library, after ``disable()``),
     since workers started while watched keep wrapping batches in :class:`Carrier`. The reports go to
-    ``receiver`` while a ``watch()`` loop consumes the loader, and are dropped otherwise."""
+    ``receiver`` while a ``watch()`` loop consumes the loader, and are dropped otherwise. With
+    ``num_workers=0``, the iterators made while ``reads`` is set time the dataset's reads with it (see
+    :class:`TimedReads`), and are left as torch made them otherwise: no batch of theirs is in a carrier."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = weakref.ref(loader)  # the loader holds this object: a strong reference back is a cycle
         self.receiver: Callable[[WorkerReport], None] | None = None
         self.on_batch: Callable[[Any], None] | None = None  # sees every batch handed out (a framework's count)
+        self.reads: TimedGetItems | None = None  # times the reads of single-process iterators made now
         iterator = loader.__dict__.get("_iterator")
         if iterator is not None:  # persistent workers started before watch()
             self.wrap(iterator)
@@ -63,11 +67,17 @@ class Unwrapping:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._loader = weakref.ref(state["loader"])
-        self.receiver = self.on_batch = None
+        self.receiver = self.on_batch = self.reads = None
 
     def __call__(self) -> Any:
         loader = self.loader
-        return self.wrap(type(loader)._get_iterator(loader))
+        iterator = type(loader)._get_iterator(loader)
+        if loader.num_workers == 0:
+            if self.reads is not None:
+                TimedReads.install(iterator, self.reads)
+            if self.on_batch is None and not in_worker():
+                return iterator  # its batches are plain: nothing to unwrap, no call added to each
+        return self.wrap(iterator)
 
     def wrap(self, iterator: Any) -> Any:
         """Makes ``iterator`` unwrap what it hands out. Neither this object nor the iterator's new
@@ -154,28 +164,25 @@ class WatchedLoader(Generic[T]):
         return iterate(self.stopwatch, self._unwrapped(), self.stage, self.body, self.phase, source=self.loader)
 
     def _unwrapped(self) -> Iterator[T]:
-        wrappers = [
-            (loader.dataset, install_dataset_timing(loader.dataset, self.stopwatch))
-            for loader in self.loaders
-            if loader.num_workers == 0
-        ]
         receive = self.stopwatch.workers.receive
         several = len(self._parts) > 1
+        reads_before = [unwrapping.reads for unwrapping, _, _ in self._parts]
         for index, (unwrapping, collate, _) in enumerate(self._parts):
             # workers of different loaders stay apart: loader k's worker w is worker k * 1000 + w
             unwrapping.receiver = functools.partial(receive, offset=index * LOADER_STRIDE) if several else receive
             collate.watching = True
+            loader = self.loaders[index]
+            if loader.num_workers == 0:
+                unwrapping.reads = dataset_timing(loader.dataset, self.stopwatch)
         consuming = self.stopwatch.workers.consuming_interval()  # the workers' utilization counts only this time
         try:
             yield from self.iterable
         finally:
             consuming[1] = time.perf_counter_ns()
-            for unwrapping, collate, _ in self._parts:
+            for (unwrapping, collate, _), reads in zip(self._parts, reads_before, strict=True):
                 unwrapping.receiver = None
+                unwrapping.reads = reads
                 collate.watching = False
-            for dataset, wrapper in wrappers:
-                if wrapper is not None:
-                    remove_dataset_timing(dataset, wrapper)
 
 
 LOADER_STRIDE = 1000
@@ -191,7 +198,7 @@ def instrument_always(loader: Any, stopwatch: Stopwatch) -> None:
     unwrapping.receiver = stopwatch.workers.receive
     collate.watching = collate.enabled = init.enabled = True
     if loader.num_workers == 0:
-        install_dataset_timing(loader.dataset, stopwatch)
+        unwrapping.reads = dataset_timing(loader.dataset, stopwatch)
 
 
 def uninstrument(loader: Any) -> None:
@@ -203,13 +210,9 @@ def uninstrument(loader: Any) -> None:
             setattr(loader, name, unwrapped(wrapper))
     unwrapping = loader.__dict__.get("_get_iterator")
     if isinstance(unwrapping, Unwrapping):
-        unwrapping.receiver = unwrapping.on_batch = None
+        unwrapping.receiver = unwrapping.on_batch = unwrapping.reads = None
         if loader.__dict__.get("_iterator") is None:
             del loader.__dict__["_get_iterator"]
-    dataset = getattr(loader, "dataset", None)
-    wrapper = getattr(dataset, "__dict__", {}).get("__getitems__")
-    if isinstance(wrapper, TimedGetItems):
-        remove_dataset_timing(dataset, wrapper)
 
 
 def _instrument(loader: Any, stopwatch: Stopwatch) -> tuple[Unwrapping, TimedCollate, WorkerInit]:
