@@ -181,3 +181,22 @@ def test_the_readme_is_short_and_starts_with_the_two_commands() -> None:
         "make test   # creates .venv the same way, then runs ruff, mypy, the docs' strict build and the whole test"
         " suite",
     ]
+
+
+def test_the_api_reference_shows_the_docstrings_cross_references_as_names() -> None:
+    """mkdocstrings leaves Sphinx roles as written; the site's hook (registered in mkdocs.yml) turns each rendered
+    role into the name it refers to."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import mkdocs_hooks
+    finally:
+        sys.path.remove(str(ROOT))
+    assert "mkdocs_hooks.py" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    rendered = (
+        "a :class:<code>~stepwatch._stacks.ThreadStacks</code>, :func:<code>stepwatch.metrics</code> and"
+        " :meth:<code>Stopwatch.count &lt;stepwatch.Stopwatch.count&gt;</code>; <code>:class:</code> as code stays"
+    )
+    assert mkdocs_hooks.on_page_content(rendered) == (
+        "a <code>ThreadStacks</code>, <code>stepwatch.metrics</code> and <code>Stopwatch.count</code>;"
+        " <code>:class:</code> as code stays"
+    )
