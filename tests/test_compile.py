@@ -18,6 +18,7 @@ from .conftest import stepwatch_command
 pytestmark = pytest.mark.slow
 
 PROGRAMS = Path(__file__).parent / "programs"
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 @pytest.mark.parametrize("warmup", [0, 3])
@@ -58,7 +59,7 @@ def test_a_recompilation_at_a_known_step_is_its_own_row_out_of_the_steps(tmp_pat
 
 
 def test_stepwatch_run_sees_the_compilations_of_an_unmodified_script(tmp_path: Path) -> None:
-    done = stepwatch_command("run", "-o", "run.json", str(PROGRAMS / "compiled.py"), cwd=tmp_path)
+    done = stepwatch_command("run", "-o", "run.json", str(EXAMPLES / "compiled_train.py"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "training done" in done.stdout
     run = stepwatch.load(tmp_path / "run.json")
@@ -115,7 +116,7 @@ def test_stepwatch_run_counts_a_compiled_models_flops_on_an_eager_step(tmp_path:
     """Under ``stepwatch run --flops`` the counted step calls the compiled model's ``_orig_mod``: exact FLOPs
     (Linear 16->32 and 32->1 on 8 samples: forward 8,704; backward 9,216, the first layer's input needing no
     gradient), and the model still compiles afterwards (its recompilation at step 11)."""
-    done = stepwatch_command("run", "--flops", "-o", "run.json", str(PROGRAMS / "compiled.py"), cwd=tmp_path)
+    done = stepwatch_command("run", "--flops", "-o", "run.json", str(EXAMPLES / "compiled_train.py"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "global hooks" not in done.stderr
     run = stepwatch.load(tmp_path / "run.json")
