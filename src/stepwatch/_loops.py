@@ -15,7 +15,7 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -133,13 +133,16 @@ def iterate(
     source: Any = None,
     driven: bool = False,
     beats: bool = False,
+    around: Callable[[], Callable[[], None]] | None = None,
 ) -> Generator[T, None, None]:
     """The generator behind :meth:`Stopwatch.timed_iter`; ``source``, when it is a DataLoader, has its
     configuration recorded for the phase (the advice depends on it). A ``driven`` loop is advanced by hooks
     rather than a ``for`` statement (auto-instrumentation's steps ended by optimizer steps): the step still
     open when it closes is not a step, and is dropped. A loop in ``beats`` is advanced in two beats per step by
     a framework's hooks (its fetch starting and ending): the first ``next()`` ends the step and starts the
-    wait, yielding :data:`WAITING`; the second ends the wait and starts the next step, yielding None."""
+    wait, yielding :data:`WAITING`; the second ends the wait and starts the next step, yielding None. ``around``
+    is called as the loop starts (before ``iter(iterable)``) and what it returns as the loop ends: ``watch()``'s
+    setup, with no generator of its own between the loop and its batches."""
     clock = sw.clock
     stacks = sw.stacks
     stack = stacks.thread_stack()
@@ -169,6 +172,7 @@ def iterate(
     sites = sw.loops.here()
     sites.append(site)
     loop_started = clock()
+    ended: Callable[[], None] | None = None
     try:
         if own_phase:
             config = loader_config(iterable if source is None else source)
@@ -185,6 +189,8 @@ def iterate(
         schedule = sw.schedule
         measure_all = schedule.active is None
         warmup = schedule.warmup if main else 0
+        if around is not None:
+            ended = around()
         iterator = iter(iterable)
         while True:
             if device is not None:
@@ -317,6 +323,8 @@ def iterate(
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
+        if ended is not None:
+            ended()
 
 
 def trace_step(trace: Trace, frame: Any, end: int, stack: list[Any], phase: str | None) -> None:

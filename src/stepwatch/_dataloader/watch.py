@@ -161,9 +161,13 @@ class WatchedLoader(Generic[T]):
             return iter(self.iterable)  # the loaders' own batches (unwrapped by Unwrapping)
 
         check_loop_names(self.stage, self.body, self.phase)
-        return iterate(self.stopwatch, self._unwrapped(), self.stage, self.body, self.phase, source=self.loader)
+        return iterate(
+            self.stopwatch, self.iterable, self.stage, self.body, self.phase, source=self.loader, around=self._watching
+        )
 
-    def _unwrapped(self) -> Iterator[T]:
+    def _watching(self) -> Callable[[], None]:
+        """As the loop starts: the loaders' reports go to the stopwatch, their collate and (without workers) their
+        reads are timed; returns what undoes it as the loop ends."""
         receive = self.stopwatch.workers.receive
         several = len(self._parts) > 1
         reads_before = [unwrapping.reads for unwrapping, _, _ in self._parts]
@@ -175,14 +179,15 @@ class WatchedLoader(Generic[T]):
             if loader.num_workers == 0:
                 unwrapping.reads = dataset_timing(loader.dataset, self.stopwatch)
         consuming = self.stopwatch.workers.consuming_interval()  # the workers' utilization counts only this time
-        try:
-            yield from self.iterable
-        finally:
+
+        def ended() -> None:
             consuming[1] = time.perf_counter_ns()
             for (unwrapping, collate, _), reads in zip(self._parts, reads_before, strict=True):
                 unwrapping.receiver = None
                 unwrapping.reads = reads
                 collate.watching = False
+
+        return ended
 
 
 LOADER_STRIDE = 1000
