@@ -157,8 +157,10 @@ def test_example_runs(block: Block, sandbox: Path) -> None:
 
 
 def shape(line: str) -> str:
-    """A line with its figures aside: numbers as ``#``, runs of spaces as one."""
-    return re.sub(r"\s+", " ", re.sub(r"\d[\d,.]*", "#", line)).strip()
+    """A line with its figures aside: numbers as ``#``, the prefix of a unit scaled to the figure (``MFLOP/s``,
+    ``GFLOP/s``: a slower machine prints the one below) as none, runs of spaces as one."""
+    line = re.sub(r"\b[kMGTPE]FLOP", "FLOP", re.sub(r"\d[\d,.]*", "#", line))
+    return re.sub(r"\s+", " ", line).strip()
 
 
 def test_the_docs_home_page_is_the_readme() -> None:
@@ -200,3 +202,9 @@ def test_the_api_reference_shows_the_docstrings_cross_references_as_names() -> N
         "a <code>ThreadStacks</code>, <code>stepwatch.metrics</code> and <code>Stopwatch.count</code>;"
         " <code>:class:</code> as code stays"
     )
+
+
+def test_an_output_is_compared_with_its_figures_and_their_units_prefixes_aside() -> None:
+    assert shape("562 MFLOP/s (forward 5.74 GFLOP/s)") == shape("1.2 GFLOP/s (forward 980 MFLOP/s)")
+    assert shape("loader   62   0.215") == shape("loader 6 1.5")
+    assert shape("FLOPs: 2.2 MFLOP a step") != shape("FLOPs: 2.2 MFLOP a batch")
