@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
 from stepwatch import Stopwatch
-from stepwatch._self_cost import block_ns, blocks_timed, operations, own_share
+from stepwatch._self_cost import IN_SITU, block_ns, blocks_timed, operations, own_share
 
 from .conftest import FakeClock
 
@@ -35,6 +35,7 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
     cost = summary.metadata["block_ns"]
     # measured between the training's own steps once it has five samples (after steps 3 to 11 here), else calibrated
     assert sw.in_situ is not None and len(sw.in_situ.samples) == 9
+    assert not sw.in_situ.boundaries  # a clock of its own: the step boundary is not measured on the real one
     assert cost == sw.in_situ.value and 0 < cost < MS
     assert block_ns() is not None
     # loader and step of each of 11 steps (the first apart, as first_batch and first_step) and their two blocks
@@ -53,6 +54,26 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
     )
     sw.save(tmp_path / "run.json")
     assert stepwatch.render(stepwatch.load(tmp_path / "run.json")).rstrip().splitlines()[-1] == last
+
+
+def test_the_cost_of_an_operation_is_the_step_boundary_measured_in_place() -> None:
+    """On the real clock, the figure is the median of what stepwatch's own step boundary took in place (from the
+    loop resuming after the step to the boundary's work done), on 24 steps from the third; the blocks between
+    steps are kept beside it, as many."""
+    sw = Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(40)):
+        busy_wait(0.0002)
+    in_situ = sw.in_situ
+    assert in_situ is not None and len(in_situ.boundaries) == len(in_situ.samples) == IN_SITU
+    assert all(0 < sample < MS for sample in in_situ.boundaries)
+    assert in_situ.value == statistics.median(in_situ.boundaries) == sw.summary().metadata["block_ns"]
+
+
+def busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def test_the_calibrated_cost_is_within_a_factor_of_two_of_blocks_measured_on_and_off() -> None:

@@ -228,7 +228,7 @@ def iterate(
                 elif stacks.hot and not stacks.measuring:  # a block that spanned the window's end is done?
                     stacks.update_flags()
                 if every and index:
-                    sw.periodic.tick(every)  # between two steps: in neither, nor in the loop's time
+                    sw.periodic.tick(every, now)  # between two steps: in neither, nor in the loop's time
                     now = clock()
                 if live is not None and now >= live.due_ns and index:
                     live.draw(now, phase, index)  # the live view, between two steps too

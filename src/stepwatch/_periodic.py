@@ -27,6 +27,7 @@ class PeriodicCalls:
         self.every: Every = ()
         self.ticks = 0
         self.ticking = False
+        self.resumed_ns = 0  # when the loop resumed after the step that ended (perf_counter_ns), for the calls due
 
     def add(self, n: int, call: Callable[[int], None], name: str, parameter: str = "n") -> Callable[[], None]:
         """Registers ``call`` every ``n`` training steps and returns what removes it; ``parameter``: what the
@@ -44,9 +45,11 @@ class PeriodicCalls:
         self.every = (*self.every, entry)
         return remove
 
-    def tick(self, every: Every) -> None:
+    def tick(self, every: Every, resumed_ns: int = 0) -> None:
         """One more training step: calls what is due of ``every`` (what the loop read as it started). Called
-        by the training loop between two steps."""
+        by the training loop between two steps; ``resumed_ns``: when the loop resumed, its clock read as the
+        step ended (stepwatch's own cost measures the step's boundary from it)."""
+        self.resumed_ns = resumed_ns
         self.ticks = step = self.ticks + 1
         self.ticking = True
         try:

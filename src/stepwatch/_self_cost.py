@@ -5,9 +5,9 @@ The calibration (a few milliseconds, at the first ``enable()``) times blocks of 
 matrix product (torch's, when the program imported it; else a copy of 64 KiB) against the same loop without
 them: in a real step a block runs with its caches emptied by the step's own work, which makes it cost
 several times its tight-loop figure (measured with Valgrind's cache simulation, ``benchmarks/in_situ.py``); a
-tight loop would understate it. Better still, once the training has run a few steps, one block of a private
-stopwatch is timed between two of its steps on each of its next steps (:class:`InSitu`), and their median is the
-figure. Reads the summary only for the estimate; the cost per block is kept in the run's metadata (``block_ns``),
+tight loop would understate it. Better still, once the training has run a few steps, stepwatch's own step
+boundary is timed in place on each of its next steps (:class:`InSitu`), and their median is the figure. Reads
+the summary only for the estimate; the cost per operation is kept in the run's metadata (``block_ns``),
 so a saved run says it again.
 """
 
@@ -55,20 +55,29 @@ def calibrating() -> bool:
 
 
 class InSitu:
-    """The cost of a block where the training's blocks run: one block of a private stopwatch timed between two
-    steps of the training loop (its caches left as the step's work left them), on :data:`IN_SITU` steps; their
-    median replaces the calibrated figure once there are five."""
+    """The cost of an operation where the training's operations run, on :data:`IN_SITU` steps: what stepwatch's
+    own step boundary took in place (``boundaries``: from the loop resuming after the program's step, its caches
+    left as the program's work left them, to the boundary's work done), and one block of a private stopwatch
+    timed between two steps (``samples``, where stepwatch's own code has just run: warmer, so it reads about
+    half as much). The boundaries' median replaces the calibrated figure once there are five, else the blocks'
+    (a stopwatch on a clock of its own has no boundary measured on the real one)."""
 
     def __init__(self, sw: Stopwatch, make: Callable[[], Stopwatch]) -> None:
         self.samples: list[int] = []
+        self.boundaries: list[int] = []
+        self._sw = sw
         self._make = make
         self._private: Stopwatch | None = None
         self.remove = sw.periodic.add(1, self.tick, "stepwatch's own cost")
 
     def tick(self, step: int) -> None:
         global _calibrating
-        if step < 3:
-            return  # the first steps warm up what they run
+        arrived = time.perf_counter_ns()
+        if step < 3 or len(self.samples) >= IN_SITU:
+            return  # the first steps warm up what they run; the loop under way still calls a removed tick
+        resumed = self._sw.periodic.resumed_ns
+        if resumed and self._sw.clock is time.perf_counter_ns:
+            self.boundaries.append(arrived - resumed)
         if self._private is None:
             _calibrating = True
             try:
@@ -87,7 +96,10 @@ class InSitu:
 
     @property
     def value(self) -> float | None:
-        return float(statistics.median(self.samples)) if len(self.samples) >= 5 else None
+        for samples in (self.boundaries, self.samples):
+            if len(samples) >= 5:
+                return float(statistics.median(samples))
+        return None
 
 
 def calibrate(stopwatch: Callable[[], Stopwatch]) -> None:
