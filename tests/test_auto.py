@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
 from stepwatch import _patches
-from stepwatch._batch_size import batch_size
+from stepwatch._batch_size import batch_size, uniform_batches
 from stepwatch._patches import moves_to_device
 
 from .conftest import PYTHON, subprocess_env
@@ -401,6 +401,21 @@ def test_moves_to_device_reads_every_form_of_tensor_to() -> None:
     assert not moves_to_device((torch.ones(1),), {})
     assert not moves_to_device((), {"dtype": torch.float16})
     assert not moves_to_device((True,), {})
+
+
+def test_a_watched_loader_still_batches_with_torchs_own_collate() -> None:
+    """watch() wraps the loader's collate function; underneath it is still torch's, so the full batches need not be
+    looked into (auto's sample count used to look into every batch of every loader it watched)."""
+    loader = DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=8)
+    assert uniform_batches(loader) == (8, 3)
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    for _ in sw.watch(loader):
+        pass
+    assert loader.collate_fn is not torch.utils.data.default_collate
+    assert uniform_batches(loader) == (8, 3)
+    own = DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=8, collate_fn=lambda samples: samples)
+    assert uniform_batches(own) == (None, 0)
 
 
 def test_batch_size_of_common_batch_shapes() -> None:

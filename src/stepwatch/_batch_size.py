@@ -30,12 +30,15 @@ def batch_size(batch: Any, depth: int = 0) -> int | None:
 def uniform_batches(loader: Any) -> tuple[int | None, int]:
     """For a DataLoader that batches with torch's own batch sampler and collate function: its batch size and how
     many full batches an epoch has (every batch but a short last one holds ``batch_size`` samples, so the loop
-    need not look into them); ``(None, 0)`` otherwise."""
+    need not look into them); ``(None, 0)`` otherwise. A collate function wrapped by ``watch()`` is the loader's
+    own underneath."""
     try:
         from torch.utils.data import default_collate
 
+        from ._dataloader.in_workers import unwrapped
+
         size = loader.batch_size
-        if not isinstance(size, int) or size < 1 or loader.collate_fn is not default_collate:
+        if not isinstance(size, int) or size < 1 or unwrapped(loader.collate_fn) is not default_collate:
             return None, 0
         return size, len(loader.sampler) // size
     except Exception:  # a loader of any kind: no shortcut
