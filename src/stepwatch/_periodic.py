@@ -45,7 +45,7 @@ class PeriodicCalls:
         self.every = (*self.every, entry)
         return remove
 
-    def tick(self, every: Every, resumed_ns: int = 0) -> None:
+    def tick(self, every: Every, resumed_ns: int) -> None:
         """One more training step: calls what is due of ``every`` (what the loop read as it started). Called
         by the training loop between two steps; ``resumed_ns``: when the loop resumed, its clock read as the
         step ended (stepwatch's own cost measures the step's boundary from it)."""

@@ -149,7 +149,7 @@ class Stopwatch(Results):
         self._gathers = 0  # gather_every's saves so far, naming each gather
         self.windows = Windows()  # each gather's window: the pre-synchronization time per step
         self.compiles = CompileWatch(self)  # torch.compile's compilations, once the program loads it
-        self.in_situ: InSitu | None = None  # the cost of a block between the training's steps
+        self.in_situ: InSitu | None = None  # the cost of an operation where the training's operations run
         self._stop_gathering: Callable[[], None] | None = None
         if trace_steps is not None:
             self._keep_trace(trace_steps)

@@ -55,29 +55,35 @@ def calibrating() -> bool:
 
 
 class InSitu:
-    """The cost of an operation where the training's operations run, on :data:`IN_SITU` steps: what stepwatch's
-    own step boundary took in place (``boundaries``: from the loop resuming after the program's step, its caches
-    left as the program's work left them, to the boundary's work done), and one block of a private stopwatch
-    timed between two steps (``samples``, where stepwatch's own code has just run: warmer, so it reads about
-    half as much). The boundaries' median replaces the calibrated figure once there are five, else the blocks'
-    (a stopwatch on a clock of its own has no boundary measured on the real one)."""
+    """The cost of an operation where the training's operations run, on :data:`IN_SITU` steps from the third:
+    what stepwatch's own step boundary took in place (``boundaries``: from the loop resuming after the program's
+    step, its caches left as the program's work left them, to the boundary's work done). A stopwatch on a clock
+    of its own has no boundary measured on the real one: there, one block of a private stopwatch is timed
+    between two steps instead (``samples``; where stepwatch's own code has just run, warmer, it reads about half
+    as much). Their median replaces the calibrated figure once there are five."""
 
     def __init__(self, sw: Stopwatch, make: Callable[[], Stopwatch]) -> None:
-        self.samples: list[int] = []
         self.boundaries: list[int] = []
+        self.samples: list[int] = []
         self._sw = sw
         self._make = make
         self._private: Stopwatch | None = None
         self.remove = sw.periodic.add(1, self.tick, "stepwatch's own cost")
 
     def tick(self, step: int) -> None:
-        global _calibrating
         arrived = time.perf_counter_ns()
-        if step < 3 or len(self.samples) >= IN_SITU:
+        taken = self.boundaries if self._sw.clock is time.perf_counter_ns else self.samples
+        if step < 3 or len(taken) >= IN_SITU:
             return  # the first steps warm up what they run; the loop under way still calls a removed tick
-        resumed = self._sw.periodic.resumed_ns
-        if resumed and self._sw.clock is time.perf_counter_ns:
-            self.boundaries.append(arrived - resumed)
+        if taken is self.boundaries:
+            taken.append(arrived - self._sw.periodic.resumed_ns)
+        else:
+            taken.append(self._block_between_steps())
+        if len(taken) >= IN_SITU:
+            self.remove()
+
+    def _block_between_steps(self) -> int:
+        global _calibrating
         if self._private is None:
             _calibrating = True
             try:
@@ -90,16 +96,12 @@ class InSitu:
         start = clock()
         with timed("in situ"):
             pass
-        self.samples.append(clock() - start)
-        if len(self.samples) >= IN_SITU:
-            self.remove()
+        return clock() - start
 
     @property
     def value(self) -> float | None:
-        for samples in (self.boundaries, self.samples):
-            if len(samples) >= 5:
-                return float(statistics.median(samples))
-        return None
+        taken = self.boundaries or self.samples
+        return float(statistics.median(taken)) if len(taken) >= 5 else None
 
 
 def calibrate(stopwatch: Callable[[], Stopwatch]) -> None:
