@@ -82,6 +82,26 @@ def test_log_every_calls_between_steps_of_the_training_loop_only(clock: FakeCloc
     assert len(seen) == 3  # stopped
 
 
+def test_a_call_stopped_during_a_loop_is_not_called_again_and_the_steps_keep_their_numbers(
+    clock: FakeClock,
+) -> None:
+    sw = stepwatch.Stopwatch(clock=clock)
+    sw.enable()
+    seen: list[int] = []
+    stop = sw.periodic.add(1, seen.append, "every step")  # called with the training step's number
+    for index in sw.timed_iter(range(10)):
+        clock.advance(MS)
+        if index == 3:
+            stop()  # in the body of the 4th step: not called after it, though this loop read it as it started
+    assert seen == [1, 2, 3]
+    later: list[int] = []
+    sw.periodic.add(5, later.append, "every 5 steps")
+    for _ in sw.timed_iter(range(10)):
+        clock.advance(MS)
+    # the first loop stopped ticking once it had nothing left to call, and still counted its 10 steps
+    assert later == [15, 20]
+
+
 def test_a_failing_callback_is_reported_once_and_never_stops_the_training(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:

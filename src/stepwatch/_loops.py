@@ -9,20 +9,15 @@ leaves the stack as it found it.
 
 from __future__ import annotations
 
-import dis
-import functools
-import inspect
-import logging
 import sys
-import threading
 from collections.abc import Callable, Generator, Iterable
-from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD
 from ._dataloader.find import loader_config
 from ._device import _Loop
 from ._job import seen_by
+from ._loop_sites import LoopSite, check_enclosing
 from ._tree import DROPPED, LOOP, Frame, Phase, pop_frame
 
 if TYPE_CHECKING:
@@ -30,93 +25,10 @@ if TYPE_CHECKING:
     from ._trace import Trace
 
 T = TypeVar("T")
-logger = logging.getLogger("stepwatch")
-
-
-class LoopSite:
-    """Where a timed iterator is consumed: the frame whose ``for`` statement iterates it, and where that
-    statement's body ends, to tell a loop still running from one abandoned (left with ``break`` while kept in a
-    variable, so Python does not close it)."""
-
-    __slots__ = ("for_iter", "frame", "phase", "warned")
-
-    def __init__(self, frame: FrameType | None, phase: str) -> None:
-        self.frame = frame
-        self.for_iter = frame.f_lasti if frame is not None else -1
-        self.phase = phase
-        self.warned = False
-
-    def abandoned(self, caller: FrameType | None) -> bool:
-        """Whether the ``for`` statement over this loop has certainly ended, seen from ``caller`` (the frame
-        starting another loop). When it cannot be known (no ``for`` statement, a generator's frame), False."""
-        frame = self.frame
-        if frame is None:
-            return False
-        on_stack = False
-        walker = caller
-        while walker is not None:
-            if walker is frame:
-                on_stack = True
-                break
-            walker = walker.f_back
-        if not on_stack:  # a plain function's frame off the stack has returned; a generator's may resume
-            return not frame.f_code.co_flags & (
-                inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-            )
-        end = _loop_end(frame.f_code, self.for_iter)
-        return end is not None and not self.for_iter < frame.f_lasti < end
-
-
-@functools.lru_cache(maxsize=256)
-def _loop_end(code: CodeType, offset: int) -> int | None:
-    """Where the ``for`` statement whose FOR_ITER is at ``offset`` ends; None if no FOR_ITER is there."""
-    for instruction in dis.get_instructions(code):
-        if instruction.offset == offset:
-            return instruction.argval if instruction.opname == "FOR_ITER" else None
-    return None
 
 
 WAITING: Any = object()
 """What a loop in beats yields when its wait begins."""
-
-
-class OpenLoops:
-    """The timed iterators open on each thread, innermost last, owned by one :class:`~stepwatch.Stopwatch`: for
-    telling an abandoned loop from one still running, and whether a phase has a loop running."""
-
-    def __init__(self) -> None:
-        self.by_thread: dict[int, list[LoopSite]] = {}
-
-    def here(self) -> list[LoopSite]:
-        """This thread's open loops (a list the loop appends itself to, and removes itself from)."""
-        return self.by_thread.setdefault(threading.get_ident(), [])
-
-    def innermost_here(self) -> LoopSite | None:
-        sites = self.by_thread.get(threading.get_ident())
-        return sites[-1] if sites else None
-
-    def running(self, phase: str) -> bool:
-        """Whether a loop of ``phase`` is open on any thread."""
-        return any(site.phase == phase for sites in list(self.by_thread.values()) for site in sites)
-
-    def forget(self) -> None:
-        """Starts afresh (in a forked DataLoader worker: the parent's loops are not this process's)."""
-        self.by_thread = {}
-
-
-def _check_enclosing(sw: Stopwatch, site: LoopSite) -> None:
-    """A loop starts inside another's open step: say so once if that other loop was in fact abandoned."""
-    enclosing = sw.loops.innermost_here()
-    if enclosing is None or enclosing.warned or sw.periodic.ticking:  # a log_every callback's loop: between steps
-        return
-    if enclosing.abandoned(site.frame):
-        enclosing.warned = True
-        logger.warning(
-            "stepwatch: a timed loop of phase %r was left (break or return) but not closed: it is kept in a"
-            " variable, so Python did not close it, and the loop starting now is counted inside its open step."
-            " Close it first (loop.close()) or let a for statement own it",
-            enclosing.phase,
-        )
 
 
 def is_outermost(stack: list[Any]) -> bool:
@@ -164,11 +76,12 @@ def iterate(
         sw.compiles.install()  # torch.compile loaded since stepwatch was enabled: its compilations are seen
     main = outer and sw.tree.is_main(phase.name)  # warm-up applies to it; evaluation loops measure from step 1
     trace = sw.timeline  # the timeline of recent steps, when kept
-    every = sw.periodic.every if main else ()  # what runs every N training steps
+    periodic = sw.periodic
+    every = periodic.every if main else ()  # what runs every N training steps
     live = sw.live if main else None  # the live view, drawn between two steps
     index = 0
     if not outer:
-        _check_enclosing(sw, site)
+        check_enclosing(sw, site)
     sites = sw.loops.here()
     sites.append(site)
     loop_started = clock()
@@ -192,51 +105,78 @@ def iterate(
         if around is not None:
             ended = around()
         iterator = iter(iterable)
+        # the steady state of a loop with nothing but its own frames to keep: closed and opened inline, below
+        fast = outer and measure_all and device is None and trace is None and live is None and not (driven or beats)
         while True:
             if device is not None:
                 device.before_clock()
             now = clock()
-            if stacks.local is not local:
-                local, stack = stacks.local, stacks.thread_stack()
-            if body_frame is not None:
-                frame, body_frame = body_frame, None
-                if stack[-1] is frame and frame[1] is body_node and device is None and loop_phase is not None:
-                    # a steady-state step of the outer loop, closed as end_step would, inlined: the hot path
-                    del stack[-1]
-                    elapsed = now - frame[2]
-                    buf = body_node.buf
-                    buf.append(elapsed)
-                    if len(buf) >= FOLD:
-                        stacks.fold(body_node)
-                    loop_phase.loop_ns += elapsed
-                    loop_phase.steps += 1
-                elif frame[1] is DROPPED:  # a step that began while not measuring: not a step
-                    close_frame(sw, stack, frame, None, None)
-                    frame = None
-                else:
-                    end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
-                if trace is not None and frame is not None:
-                    trace_step(trace, frame, now, stack, phase.name if loop_phase is not None else None)
-            if device is not None:
-                device.poll()
-            if outer:
-                in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
-                if in_window != stacks.in_window:
-                    stacks.set_window(in_window)
-                    if not in_window and main and index > warmup and schedule.closes:
-                        sw.window_end.closed(sw, index)  # the last measured step ended: report, save, stop
-                elif stacks.hot and not stacks.measuring:  # a block that spanned the window's end is done?
-                    stacks.update_flags()
-                if every and index:
-                    sw.periodic.tick(every, now)  # between two steps: in neither, nor in the loop's time
-                    now = clock()
-                if live is not None and now >= live.due_ns and index:
-                    live.draw(now, phase, index)  # the live view, between two steps too
-                    now = clock()
-            if stacks.measuring and not driven:  # a driven loop has no batch to wait for: no loader row
-                first = index == 0 and own_phase  # a one-off: workers starting, caches filling
-                wait_frame = (LOOP, first_node if first else wait_node, now)
+            if (
+                fast
+                and not every
+                and stack[-1] is body_frame  # (a stack never holds None)
+                and body_frame[1] is body_node
+                and stacks.measuring
+                and stacks.local is local
+                and index >= warmup
+            ):  # the path of most steps: what the general one below does in this case, in fewer instructions
+                elapsed = now - body_frame[2]
+                body_frame = None
+                del stack[-1]
+                buf = body_node.buf
+                buf.append(elapsed)
+                if len(buf) >= FOLD:
+                    stacks.fold(body_node)
+                phase.loop_ns += elapsed  # the loop's own phase: it is the outermost
+                phase.steps += 1
+                if main:
+                    periodic.ticks += 1
+                wait_frame = (LOOP, wait_node, now)
                 stack.append(wait_frame)
+            else:
+                if stacks.local is not local:
+                    local, stack = stacks.local, stacks.thread_stack()
+                if body_frame is not None:
+                    frame, body_frame = body_frame, None
+                    if stack[-1] is frame and frame[1] is body_node and device is None and loop_phase is not None:
+                        # a steady-state step of the outer loop, closed as end_step would, inlined: the hot path
+                        del stack[-1]
+                        elapsed = now - frame[2]
+                        buf = body_node.buf
+                        buf.append(elapsed)
+                        if len(buf) >= FOLD:
+                            stacks.fold(body_node)
+                        loop_phase.loop_ns += elapsed
+                        loop_phase.steps += 1
+                    elif frame[1] is DROPPED:  # a step that began while not measuring: not a step
+                        close_frame(sw, stack, frame, None, None)
+                        frame = None
+                    else:
+                        end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
+                    if trace is not None and frame is not None:
+                        trace_step(trace, frame, now, stack, phase.name if loop_phase is not None else None)
+                if device is not None:
+                    device.poll()
+                if outer:
+                    in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
+                    if in_window != stacks.in_window:
+                        stacks.set_window(in_window)
+                        if not in_window and main and index > warmup and schedule.closes:
+                            sw.window_end.closed(sw, index)  # the last measured step ended: report, save, stop
+                    elif stacks.hot and not stacks.measuring:  # a block that spanned the window's end is done?
+                        stacks.update_flags()
+                    if every and index:
+                        every = periodic.tick(every, now)  # between two steps: in neither, nor in the loop's time
+                        now = clock()
+                    elif main and index:
+                        periodic.ticks += 1  # nothing left to call: the training step is still counted
+                    if live is not None and now >= live.due_ns and index:
+                        live.draw(now, phase, index)  # the live view, between two steps too
+                        now = clock()
+                if stacks.measuring and not driven:  # a driven loop has no batch to wait for: no loader row
+                    first = index == 0 and own_phase  # a one-off: workers starting, caches filling
+                    wait_frame = (LOOP, first_node if first else wait_node, now)
+                    stack.append(wait_frame)
             try:
                 item: Any = (yield WAITING) if beats else next(iterator)
             except StopIteration:
@@ -247,6 +187,23 @@ def iterate(
                     wait_frame = None
                 return
             ready = clock()
+            if fast and stack[-1] is wait_frame and wait_frame[1] is wait_node and stacks.local is local:
+                # the path of most steps again (a stack never holds None): the wait closed, the step opened
+                if index >= warmup:
+                    phase.schedule_pos += 1
+                index += 1
+                elapsed = ready - wait_frame[2]
+                wait_frame = None
+                del stack[-1]
+                buf = wait_node.buf
+                buf.append(elapsed)
+                if len(buf) >= FOLD:
+                    stacks.fold(wait_node)
+                phase.loop_ns += elapsed
+                body_frame = (LOOP, body_node, ready)
+                stack.append(body_frame)
+                yield item
+                continue
             if outer and index >= warmup:
                 phase.schedule_pos += 1
             index += 1

@@ -2,7 +2,8 @@
 
 The training loop's timed iterator calls :meth:`PeriodicCalls.tick` between two steps of the main phase, so that what a
 callback does is in neither step nor in the loop's time. The callbacks are read when a loop starts: one
-registered during a loop applies from the next one.
+registered during a loop applies from the next one; one removed (stepwatch's own cost, measured on its first
+steps, a callback stopped or failed) is not called again, and once a loop has none left it stops ticking.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class PeriodicCalls:
 
     def __init__(self) -> None:
         self.every: Every = ()
+        self.removals = 0  # how many calls were removed: a loop under way drops them at its next tick
+        self._filtered_at = 0  # ... the count when a tick last dropped them
         self.ticks = 0
         self.ticking = False
         self.resumed_ns = 0  # when the loop resumed after the step that ended (perf_counter_ns), for the calls due
@@ -37,18 +40,23 @@ class PeriodicCalls:
             raise ValueError(f"{parameter} must be a positive number of steps, got {n!r}")
         if not callable(call):
             raise TypeError(f"callback must be callable, got {call!r}")
-        entry: tuple[int, Callable[[int], None]] = (n, _guarded(call, name, lambda: remove()))
+        guarded = _Guarded(call, name, lambda: remove())
+        entry: tuple[int, Callable[[int], None]] = (n, guarded)
 
         def remove() -> None:
+            guarded.removed = True  # not called again, even by a loop that still holds it
             self.every = tuple(item for item in self.every if item is not entry)
+            self.removals += 1
 
         self.every = (*self.every, entry)
         return remove
 
-    def tick(self, every: Every, resumed_ns: int) -> None:
-        """One more training step: calls what is due of ``every`` (what the loop read as it started). Called
-        by the training loop between two steps; ``resumed_ns``: when the loop resumed, its clock read as the
-        step ended (stepwatch's own cost measures the step's boundary from it)."""
+    def tick(self, every: Every, resumed_ns: int) -> Every:
+        """One more training step: calls what is due of ``every`` (what the loop read as it started, or its
+        last tick returned) and returns what the loop calls from now on: ``every`` less the calls removed
+        since (once none is left, the loop stops ticking and counts its steps itself). Called by the training
+        loop between two steps; ``resumed_ns``: when the loop resumed, its clock read as the step ended
+        (stepwatch's own cost measures the step's boundary from it)."""
         self.resumed_ns = resumed_ns
         self.ticks = step = self.ticks + 1
         self.ticking = True
@@ -58,20 +66,28 @@ class PeriodicCalls:
                     call(step)
         finally:
             self.ticking = False
+        if self.removals == self._filtered_at:
+            return every
+        self._filtered_at = self.removals
+        return tuple(entry for entry in every if entry in self.every)
 
 
-def _guarded(call: Callable[[int], None], name: str, remove: Callable[[], None]) -> Callable[[int], None]:
-    failed = False
+class _Guarded:
+    """A registered call: not called once removed; one that raises is reported once and removed."""
 
-    def guarded(step: int) -> None:
-        nonlocal failed
-        if failed:  # the loop under way still holds it: removed, it is gone from the next loop on
+    __slots__ = ("call", "name", "remove", "removed")
+
+    def __init__(self, call: Callable[[int], None], name: str, remove: Callable[[], None]) -> None:
+        self.call = call
+        self.name = name
+        self.remove = remove
+        self.removed = False
+
+    def __call__(self, step: int) -> None:
+        if self.removed:
             return
         try:
-            call(step)
+            self.call(step)
         except Exception:
-            failed = True
-            logger.exception("stepwatch: the callback %s failed at step %d; it is not called again", name, step)
-            remove()
-
-    return guarded
+            logger.exception("stepwatch: the callback %s failed at step %d; it is not called again", self.name, step)
+            self.remove()

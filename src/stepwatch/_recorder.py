@@ -24,7 +24,8 @@ from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
 from ._flops import FlopCount
 from ._live import LiveView
-from ._loops import OpenLoops, iterate
+from ._loop_sites import OpenLoops
+from ._loops import iterate
 from ._peaks import check_peak
 from ._periodic import PeriodicCalls
 from ._results import Results, save_run
@@ -91,7 +92,7 @@ class Stopwatch(Results):
     (:class:`~stepwatch._run_span.RunSpan`), when the run started and how long it ran, across resumes;
     ``device_timer`` (:class:`~stepwatch._device.DeviceTimer`, with a device), the device's events and peak
     memory; ``timeline`` (:class:`~stepwatch._trace.Trace`, with ``trace_steps``), the recent steps' block
-    events; ``loops`` (:class:`~stepwatch._loops.OpenLoops`), the timed iterators open on each thread;
+    events; ``loops`` (:class:`~stepwatch._loop_sites.OpenLoops`), the timed iterators open on each thread;
     ``workers`` (:class:`~stepwatch._dataloader.reports.WorkerSide`), the DataLoader workers' side;
     ``auto_hooks`` (:class:`AutoHooks`), what auto-instrumentation plugs in. The settings given are kept as
     ``device``, ``sync``, ``nvtx``, ``memory``, ``window`` and ``clock``.

@@ -74,7 +74,7 @@ class InSitu:
         arrived = time.perf_counter_ns()
         taken = self.boundaries if self._sw.clock is time.perf_counter_ns else self.samples
         if step < 3 or len(taken) >= IN_SITU:
-            return  # the first steps warm up what they run; the loop under way still calls a removed tick
+            return  # the first steps warm up what they run
         if taken is self.boundaries:
             taken.append(arrived - self._sw.periodic.resumed_ns)
         else:
