@@ -5,6 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stepwatch-installed
+SPEEDUPS := $(VENV)/.stepwatch-speedups
 
 .PHONY: setup demo test lint docs bench bench-valgrind clean
 
@@ -16,7 +17,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[test,demo,docs]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+# the C speedups, rebuilt in place when their source changes (the install builds them too); where they cannot
+# be built, stepwatch runs its pure-Python blocks and this says why
+$(SPEEDUPS): $(STAMP) src/stepwatch/_speedups.c hatch_build.py
+	-$(BIN)/python hatch_build.py
+	touch $(SPEEDUPS)
+
+setup: $(STAMP) $(SPEEDUPS)
 
 demo: setup
 	$(BIN)/stepwatch demo

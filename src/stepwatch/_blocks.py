@@ -1,10 +1,8 @@
 """Timed blocks: ``with sw.timed("forward"):`` and ``@sw.timed("augment")``.
 
-The hot path is kept to a few attribute reads, two clock reads, a tuple and one list append per block. A block
-leaves a frame on its thread's stack while open; on the way out it expects its own frame on top. When it is
-not there (asyncio tasks whose blocks overlap on one thread, a block closed out of order), the cold path in
-:meth:`~stepwatch._stacks.ThreadStacks.unwind` drops the overlapping measurements instead of letting a stale
-frame corrupt the hierarchy of everything after it.
+A stage's block is made once and reused for every call. Its entry and exit, the hot path, are
+:class:`~stepwatch._block_base.BlockBase`'s (in C where it was built); the classes here add what the rarer
+cases need: a timeline, a device, a stopwatch switched off after having been on.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from collections.abc import Callable
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._block_base import BlockBase
 from ._constants import FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OTHER, OVERFLOW
 from ._stacks import DROPPING
 from ._tree import DROPPED
@@ -27,53 +26,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 _RESERVED = {OTHER: "the time a parent's blocks do not cover", OVERFLOW: "stages past the limit"}
 
 
-class Block:
+class Block(BlockBase):
     """A timed block for one stage name; reused for every call, so entering allocates one small tuple.
 
     ``inside`` lists the threads inside this block opened while the stopwatch was off after having been on
     (see :class:`DroppedBlock`): a thread's identity once per open call, taken into the thread's stack when
     stepwatch is switched on again."""
 
-    __slots__ = ("_clock", "_name", "_sw", "inside")
+    __slots__ = ()
 
     def __init__(self, stopwatch: Stopwatch, name: str) -> None:
         self._sw = stopwatch
         self._name = name
         self._clock = stopwatch.clock
-        self.inside: list[int] = []
-
-    def __enter__(self) -> None:
-        stacks = self._sw.stacks
-        if stacks.measuring:
-            try:
-                stack = stacks.local.stack
-            except AttributeError:
-                stack = stacks.thread_stack()
-            parent = stack[-1][1]
-            node = parent.children.get(self._name)
-            if node is None:
-                node = self._sw.tree.add_child(parent, self._name)
-            stack.append((self, node, self._clock()))
-        elif stacks.measuring is not False:  # DROPPING (read again: it may have changed since)
-            stacks.track(self)
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        stacks = self._sw.stacks
-        if stacks.hot:
-            end = self._clock()
-            try:
-                stack = stacks.local.stack
-            except AttributeError:
-                stack = stacks.thread_stack()
-            frame = stack[-1]
-            if frame[0] is self:
-                del stack[-1]
-                buf = frame[1].buf
-                buf.append(end - frame[2])
-                if len(buf) >= FOLD:  # (DROPPED's buffer always reads as full)
-                    stacks.fold(frame[1])
-            else:
-                stacks.unwind(stack, self)
+        self.inside = []
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: every call of ``func`` is timed under this stage; an ``async def`` is timed

@@ -18,7 +18,8 @@ from ._constants import DEFAULT_PHASE
 from ._tree import DROPPED, LOOP, Frame, Node, StageTree, dropped_copy, fold
 
 if TYPE_CHECKING:
-    from ._blocks import Block, Blocks
+    from ._block_base import BlockBase
+    from ._blocks import Blocks
     from ._recorder import AutoHooks
     from ._run_span import RunSpan
     from ._trace import Trace
@@ -37,6 +38,22 @@ class ThreadStacks:
     ``in_window`` (the schedule's measured window is open, set by the outermost loop through
     :meth:`set_window`). The lock is the stage tree's (``tree.lock``): the two change together.
     """
+
+    __slots__ = (  # read on every block's way in and out: a slot is found faster than a dictionary's key
+        "auto_hooks",
+        "before_switch",
+        "blocks",
+        "by_thread",
+        "enabled",
+        "hot",
+        "in_window",
+        "local",
+        "measuring",
+        "span",
+        "timeline",
+        "tree",
+        "was_enabled",
+    )
 
     def __init__(self, tree: StageTree, span: RunSpan, auto_hooks: AutoHooks, blocks: Blocks) -> None:
         self.tree = tree
@@ -143,7 +160,7 @@ class ThreadStacks:
         with self.tree.lock:
             fold(node)
 
-    def track(self, block: Block) -> None:
+    def track(self, block: BlockBase) -> None:
         """Switched off after having been on: the block opens a dropped frame (see :meth:`update_flags`)."""
         try:
             stack = self.local.stack
@@ -151,7 +168,7 @@ class ThreadStacks:
             stack = self.thread_stack()
         stack.append((block, DROPPED, 0))
 
-    def unwind(self, stack: list[Any], owner: Block) -> None:
+    def unwind(self, stack: list[Any], owner: BlockBase) -> None:
         """A block's frame is not on top of its stack on the way out: if it is further down, the frames above
         it were opened while it was open but outlive it (asyncio tasks interleaving on one thread). Their
         nesting is wrong, so the block's measurement and theirs are dropped and counted in the summary; the

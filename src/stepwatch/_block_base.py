@@ -1,0 +1,86 @@
+"""A timed block's state and its ``__enter__``/``__exit__``: the one hot path every timed block runs.
+
+Two implementations of :class:`BlockBase` behave the same: this module's, in Python, and ``stepwatch._speedups``
+(``_speedups.c``), the same reads and writes in C, built by ``pip install`` where a C compiler and Python's
+headers are found. The C one is used when it was built, unless ``STEPWATCH_PURE_PYTHON=1``; the Python one
+everywhere else. A block leaves a frame on its thread's stack while open; on the way out it expects its own
+frame on top. When it is not there (asyncio tasks whose blocks overlap on one thread, a block closed out of
+order), the cold path in :meth:`~stepwatch._stacks.ThreadStacks.unwind` drops the overlapping measurements
+instead of letting a stale frame corrupt the hierarchy of everything after it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ._constants import FOLD
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+
+
+class PythonBlockBase:
+    """The Python implementation: a few attribute reads, two clock reads, a tuple and one list append."""
+
+    __slots__ = ("_clock", "_name", "_sw", "inside")
+
+    _sw: Stopwatch
+    _name: str
+    _clock: Callable[[], int]
+    inside: list[int]
+
+    def __enter__(self) -> None:
+        stacks = self._sw.stacks
+        if stacks.measuring:
+            try:
+                stack = stacks.local.stack
+            except AttributeError:
+                stack = stacks.thread_stack()
+            parent = stack[-1][1]
+            node = parent.children.get(self._name)
+            if node is None:
+                node = self._sw.tree.add_child(parent, self._name)
+            stack.append((self, node, self._clock()))
+        elif stacks.measuring is not False:  # DROPPING (read again: it may have changed since)
+            stacks.track(self)
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        stacks = self._sw.stacks
+        if stacks.hot:
+            end = self._clock()
+            try:
+                stack = stacks.local.stack
+            except AttributeError:
+                stack = stacks.thread_stack()
+            frame = stack[-1]
+            if frame[0] is self:
+                del stack[-1]
+                buf = frame[1].buf
+                buf.append(end - frame[2])
+                if len(buf) >= FOLD:  # (DROPPED's buffer always reads as full)
+                    stacks.fold(frame[1])
+            else:
+                stacks.unwind(stack, self)
+
+
+def _compiled() -> type[PythonBlockBase] | None:
+    """The C implementation, if it was built and is not turned off."""
+    if os.environ.get("STEPWATCH_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from ._speedups import BlockBase as compiled  # type: ignore[import-not-found]
+        from ._speedups import configure
+    except ImportError:
+        return None
+    configure(FOLD)
+    return compiled  # type: ignore[no-any-return]
+
+
+if TYPE_CHECKING:
+    BlockBase = PythonBlockBase
+else:
+    BlockBase = _compiled() or PythonBlockBase
+COMPILED = BlockBase is not PythonBlockBase
+"""Whether timed blocks run the C implementation."""

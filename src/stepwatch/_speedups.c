@@ -1,0 +1,410 @@
+/* stepwatch._speedups: the timed block's entry and exit in C (optional; stepwatch/_block_base.py is the same in
+ * Python, and what runs where this module was not built).
+ *
+ * A block's two methods are most of what stepwatch adds to a training step: in Python they execute about 6,400
+ * instructions per block more than an empty Python context manager (counted with Valgrind), most of them the
+ * interpreter's own work on the methods' bytecode. Here they do the same reads and writes, on the same Python
+ * objects, in the same order, so the two implementations behave the same in every case, the rare ones included
+ * (a switch between reads, a stack replaced, a dropped node's buffer that always reads as full): whatever is not
+ * the common case calls the same Python methods (thread_stack, add_child, track, fold, unwind).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *sw;     /* the Stopwatch */
+    PyObject *name;   /* the stage name */
+    PyObject *clock;  /* the stopwatch's clock: called with no arguments, returns an int of nanoseconds */
+    PyObject *inside; /* threads inside this block opened while switched off (read by the Python subclasses) */
+} BlockObject;
+
+static Py_ssize_t fold_at = 1024; /* set by configure() to stepwatch._constants.FOLD */
+
+static PyObject *s_stacks, *s_measuring, *s_hot, *s_local, *s_stack, *s_children, *s_tree, *s_add_child,
+    *s_thread_stack, *s_track, *s_buf, *s_fold, *s_unwind, *s_get;
+
+/* The last stack found, and what it was found for: a ``stacks.local`` object and a thread (its state's
+ * dictionary). Both are held, so that neither can be freed and another object take its address while cached:
+ * a switch replaces ``stacks.local`` (a new object, so a miss), and a thread that ends leaves its dictionary
+ * here, never to be matched by a new thread's. A thread-local's attribute costs about 450 instructions to read;
+ * this check, a few. */
+static PyObject *cached_local, *cached_thread, *cached_stack;
+
+/* This thread's stack of open frames: ``stacks.local.stack``, made by ``stacks.thread_stack()`` on first use. */
+static PyObject *
+thread_stack(PyObject *stacks)
+{
+    PyObject *local = PyObject_GetAttr(stacks, s_local);
+    if (local == NULL) {
+        return NULL;
+    }
+    PyObject *thread = PyThreadState_GetDict(); /* borrowed */
+    if (local == cached_local && thread == cached_thread && thread != NULL) {
+        Py_DECREF(local);
+        Py_INCREF(cached_stack);
+        return cached_stack;
+    }
+    PyObject *stack = PyObject_GetAttr(local, s_stack);
+    if (stack == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            Py_DECREF(local);
+            return NULL;
+        }
+        PyErr_Clear();
+        stack = PyObject_CallMethodNoArgs(stacks, s_thread_stack);
+    }
+    if (stack != NULL && !PyList_Check(stack)) {
+        PyErr_SetString(PyExc_TypeError, "stepwatch: a thread's stack must be a list");
+        Py_CLEAR(stack);
+    }
+    if (stack == NULL || thread == NULL) {
+        Py_DECREF(local);
+        return stack;
+    }
+    PyObject *old_local = cached_local, *old_thread = cached_thread, *old_stack = cached_stack;
+    cached_local = local; /* the reference taken above */
+    Py_INCREF(thread);
+    cached_thread = thread;
+    Py_INCREF(stack);
+    cached_stack = stack;
+    Py_XDECREF(old_local); /* last: freeing them may run Python code */
+    Py_XDECREF(old_thread);
+    Py_XDECREF(old_stack);
+    return stack;
+}
+
+/* ``frame[index]`` of a frame (a tuple, or a list for a device frame): a new reference. */
+static PyObject *
+frame_item(PyObject *frame, Py_ssize_t index)
+{
+    if (PyTuple_CheckExact(frame) && PyTuple_GET_SIZE(frame) > index) {
+        PyObject *item = PyTuple_GET_ITEM(frame, index);
+        Py_INCREF(item);
+        return item;
+    }
+    return PySequence_GetItem(frame, index);
+}
+
+/* ``stack[-1]``, borrowed. */
+static PyObject *
+top_of(PyObject *stack)
+{
+    Py_ssize_t size = PyList_GET_SIZE(stack);
+    if (size == 0) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return NULL;
+    }
+    return PyList_GET_ITEM(stack, size - 1);
+}
+
+/* The child node named ``name`` of ``parent``, made by ``sw.tree.add_child`` if it is new: a new reference. */
+static PyObject *
+child_node(BlockObject *self, PyObject *parent)
+{
+    PyObject *children = PyObject_GetAttr(parent, s_children);
+    if (children == NULL) {
+        return NULL;
+    }
+    PyObject *node;
+    if (PyDict_CheckExact(children)) {
+        node = PyDict_GetItemWithError(children, self->name);
+        Py_XINCREF(node);
+    }
+    else { /* a dropped node's children: every name is that node again */
+        node = PyObject_CallMethodOneArg(children, s_get, self->name);
+        if (node == Py_None) {
+            Py_CLEAR(node);
+        }
+    }
+    Py_DECREF(children);
+    if (node != NULL || PyErr_Occurred()) {
+        return node;
+    }
+    PyObject *tree = PyObject_GetAttr(self->sw, s_tree);
+    if (tree == NULL) {
+        return NULL;
+    }
+    node = PyObject_CallMethodObjArgs(tree, s_add_child, parent, self->name, NULL);
+    Py_DECREF(tree);
+    return node;
+}
+
+static PyObject *
+block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *stacks = PyObject_GetAttr(self->sw, s_stacks);
+    if (stacks == NULL) {
+        return NULL;
+    }
+    PyObject *result = NULL, *measuring = NULL, *stack = NULL, *parent = NULL, *node = NULL, *start = NULL;
+    measuring = PyObject_GetAttr(stacks, s_measuring);
+    if (measuring == NULL) {
+        goto done;
+    }
+    int on = PyObject_IsTrue(measuring);
+    if (on < 0) {
+        goto done;
+    }
+    if (on) {
+        stack = thread_stack(stacks);
+        if (stack == NULL) {
+            goto done;
+        }
+        PyObject *top = top_of(stack);
+        if (top == NULL || (parent = frame_item(top, 1)) == NULL || (node = child_node(self, parent)) == NULL) {
+            goto done;
+        }
+        start = PyObject_CallNoArgs(self->clock);
+        if (start == NULL) {
+            goto done;
+        }
+        PyObject *frame = PyTuple_Pack(3, (PyObject *)self, node, start);
+        if (frame == NULL) {
+            goto done;
+        }
+        int failed = PyList_Append(stack, frame);
+        Py_DECREF(frame);
+        if (failed) {
+            goto done;
+        }
+    }
+    else {
+        Py_SETREF(measuring, PyObject_GetAttr(stacks, s_measuring)); /* read again: it may have changed since */
+        if (measuring == NULL) {
+            goto done;
+        }
+        if (measuring != Py_False) { /* DROPPING: the block opens a dropped frame */
+            PyObject *tracked = PyObject_CallMethodOneArg(stacks, s_track, (PyObject *)self);
+            if (tracked == NULL) {
+                goto done;
+            }
+            Py_DECREF(tracked);
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(start);
+    Py_XDECREF(node);
+    Py_XDECREF(parent);
+    Py_XDECREF(stack);
+    Py_XDECREF(measuring);
+    Py_DECREF(stacks);
+    return result;
+}
+
+/* ``buf.append(elapsed)``, then ``stacks.fold(node)`` once ``len(buf)`` reaches the fold size. */
+static int
+record(PyObject *stacks, PyObject *node, PyObject *elapsed)
+{
+    PyObject *buf = PyObject_GetAttr(node, s_buf);
+    if (buf == NULL) {
+        return -1;
+    }
+    int failed;
+    if (PyList_Check(buf)) {
+        failed = PyList_Append(buf, elapsed);
+    }
+    else {
+        PyObject *appended = PyObject_CallMethod(buf, "append", "O", elapsed);
+        failed = appended == NULL;
+        Py_XDECREF(appended);
+    }
+    Py_ssize_t size = failed ? -1 : PyObject_Size(buf); /* a dropped node's buffer always reads as full */
+    Py_DECREF(buf);
+    if (size < 0) {
+        return -1;
+    }
+    if (size >= fold_at) {
+        PyObject *folded = PyObject_CallMethodOneArg(stacks, s_fold, node);
+        if (folded == NULL) {
+            return -1;
+        }
+        Py_DECREF(folded);
+    }
+    return 0;
+}
+
+static PyObject *
+block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args; /* the exception, if any, is left to propagate: nothing here depends on it */
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "__exit__ expected 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *stacks = PyObject_GetAttr(self->sw, s_stacks);
+    if (stacks == NULL) {
+        return NULL;
+    }
+    PyObject *result = NULL, *hot = NULL, *end = NULL, *stack = NULL, *frame = NULL, *node = NULL, *start = NULL,
+             *elapsed = NULL;
+    hot = PyObject_GetAttr(stacks, s_hot);
+    if (hot == NULL) {
+        goto done;
+    }
+    int is_hot = PyObject_IsTrue(hot);
+    if (is_hot < 0) {
+        goto done;
+    }
+    if (is_hot) {
+        end = PyObject_CallNoArgs(self->clock);
+        if (end == NULL || (stack = thread_stack(stacks)) == NULL) {
+            goto done;
+        }
+        PyObject *top = top_of(stack);
+        if (top == NULL) {
+            goto done;
+        }
+        frame = top;
+        Py_INCREF(frame);
+        PyObject *owner = frame_item(frame, 0);
+        if (owner == NULL) {
+            goto done;
+        }
+        Py_DECREF(owner); /* only compared: the frame holds it */
+        if (owner == (PyObject *)self) {
+            Py_ssize_t size = PyList_GET_SIZE(stack);
+            if (PyList_SetSlice(stack, size - 1, size, NULL) < 0) {
+                goto done;
+            }
+            if ((node = frame_item(frame, 1)) == NULL || (start = frame_item(frame, 2)) == NULL ||
+                (elapsed = PyNumber_Subtract(end, start)) == NULL || record(stacks, node, elapsed) < 0) {
+                goto done;
+            }
+        }
+        else {
+            PyObject *unwound = PyObject_CallMethodObjArgs(stacks, s_unwind, stack, (PyObject *)self, NULL);
+            if (unwound == NULL) {
+                goto done;
+            }
+            Py_DECREF(unwound);
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(elapsed);
+    Py_XDECREF(start);
+    Py_XDECREF(node);
+    Py_XDECREF(frame);
+    Py_XDECREF(stack);
+    Py_XDECREF(end);
+    Py_XDECREF(hot);
+    Py_DECREF(stacks);
+    return result;
+}
+
+static int
+block_traverse(BlockObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->sw);
+    Py_VISIT(self->name);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->inside);
+    return 0;
+}
+
+static int
+block_clear(BlockObject *self)
+{
+    Py_CLEAR(self->sw);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->inside);
+    return 0;
+}
+
+static void
+block_dealloc(BlockObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    block_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef block_methods[] = {
+    {"__enter__", (PyCFunction)block_enter, METH_NOARGS, "Opens the block's frame on this thread's stack."},
+    {"__exit__", (PyCFunction)(void (*)(void))block_exit, METH_FASTCALL, "Closes it and records its time."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef block_members[] = {
+    {"_sw", T_OBJECT_EX, offsetof(BlockObject, sw), 0, NULL},
+    {"_name", T_OBJECT_EX, offsetof(BlockObject, name), 0, NULL},
+    {"_clock", T_OBJECT_EX, offsetof(BlockObject, clock), 0, NULL},
+    {"inside", T_OBJECT_EX, offsetof(BlockObject, inside), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BlockBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepwatch._speedups.BlockBase",
+    .tp_doc = "A timed block's state and its __enter__/__exit__ (see stepwatch/_block_base.py).",
+    .tp_basicsize = sizeof(BlockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)block_traverse,
+    .tp_clear = (inquiry)block_clear,
+    .tp_dealloc = (destructor)block_dealloc,
+    .tp_methods = block_methods,
+    .tp_members = block_members,
+};
+
+static PyObject *
+configure(PyObject *Py_UNUSED(module), PyObject *fold)
+{
+    Py_ssize_t value = PyNumber_AsSsize_t(fold, PyExc_OverflowError);
+    if (value == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (value < 1) {
+        PyErr_SetString(PyExc_ValueError, "the fold size must be positive");
+        return NULL;
+    }
+    fold_at = value;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_O, "configure(fold): the buffer size at which a stage's measurements fold."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT, "stepwatch._speedups", "The timed block's hot path in C.", -1, module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    struct {
+        PyObject **slot;
+        const char *text;
+    } names[] = {
+        {&s_stacks, "stacks"}, {&s_measuring, "measuring"}, {&s_hot, "hot"}, {&s_local, "local"},
+        {&s_stack, "stack"}, {&s_children, "children"}, {&s_tree, "tree"}, {&s_add_child, "add_child"},
+        {&s_thread_stack, "thread_stack"}, {&s_track, "track"}, {&s_buf, "buf"}, {&s_fold, "fold"},
+        {&s_unwind, "unwind"}, {&s_get, "get"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) {
+            return NULL;
+        }
+    }
+    if (PyType_Ready(&BlockBaseType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&speedups_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&BlockBaseType);
+    if (PyModule_AddObject(module, "BlockBase", (PyObject *)&BlockBaseType) < 0) {
+        Py_DECREF(&BlockBaseType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

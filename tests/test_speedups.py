@@ -1,0 +1,139 @@
+"""The timed block's hot path in C (``_speedups.c``) and its pure-Python twin (``_block_base.py``): the build
+makes the C one where it can and never fails where it cannot, and both pass the blocks' tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from stepwatch import _block_base
+from stepwatch._blocks import Block
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import hatch_build  # noqa: E402  (the build hook, at the project's root)
+
+
+def compiler_here() -> bool:
+    return bool(sysconfig.get_config_var("LDSHARED")) and Path(sysconfig.get_paths()["include"], "Python.h").exists()
+
+
+def test_the_development_install_runs_the_compiled_blocks_where_a_compiler_is_found() -> None:
+    assert compiler_here() == _block_base.COMPILED
+    if _block_base.COMPILED:
+        assert "__enter__" not in Block.__dict__  # inherited from the C base, not redefined in Python
+        assert Block.__mro__[1].__module__ == "stepwatch._speedups"
+
+
+def test_the_build_compiles_a_module_that_loads(tmp_path: Path) -> None:
+    if not compiler_here():
+        pytest.fail("this machine was expected to have a C compiler and Python's headers")
+    built = hatch_build.build_speedups(tmp_path)
+    assert built is not None and built.name == hatch_build.module_name()
+    spec = importlib.util.spec_from_file_location("_speedups", built)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert hasattr(module.BlockBase, "__enter__") and hasattr(module.BlockBase, "__exit__")
+
+
+def test_a_build_that_cannot_compile_says_why_and_stays_pure_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.c"
+    broken.write_text("this is not C\n")
+    monkeypatch.setattr(hatch_build, "SOURCE", broken)
+    assert hatch_build.build_speedups(tmp_path) is None
+    assert "the C speedups did not build; stepwatch stays pure Python" in capsys.readouterr().err
+    monkeypatch.setenv("LDSHARED", "/nonexistent/compiler")
+    assert hatch_build.build_speedups(tmp_path) is None
+    assert "could not run the C compiler" in capsys.readouterr().err
+
+
+def run(command: list[str], **options: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, **options)  # type: ignore[call-overload,no-any-return]
+
+
+@pytest.mark.slow
+def test_wheels_with_and_without_a_compiler_install_and_time_blocks(tmp_path: Path) -> None:
+    """A wheel built here carries the module and this platform's tag; built where compiling fails (LDSHARED=false),
+    it is pure Python, installs into a bare virtual environment and times blocks there."""
+    built = run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(tmp_path / "c")])
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "c").glob("*.whl")
+    assert not wheel.name.endswith("py3-none-any.whl")
+    assert any(name.startswith("stepwatch/_speedups.") for name in zipfile.ZipFile(wheel).namelist())
+
+    env = {**os.environ, "LDSHARED": "false"}
+    built = run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(tmp_path / "py")], env=env
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "py").glob("*.whl")
+    assert wheel.name.endswith("py3-none-any.whl")
+    assert not any("_speedups." in name and not name.endswith(".c") for name in zipfile.ZipFile(wheel).namelist())
+    venv = tmp_path / "venv"
+    assert run([sys.executable, "-m", "venv", "--without-pip", str(venv)]).returncode == 0
+    installed = run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", str(wheel)]
+    )
+    assert installed.returncode == 0, installed.stderr
+    program = (
+        "import stepwatch, stepwatch._block_base as base\n"
+        "stepwatch.enable()\n"
+        "for _ in stepwatch.timed_iter(range(5)):\n"
+        "    with stepwatch.timed('forward'):\n"
+        "        pass\n"
+        "print(base.COMPILED, stepwatch.summary().phases['train'].stages['step/forward'].calls)\n"
+    )
+    result = run([str(venv / "bin" / "python"), "-c", program], cwd=tmp_path, env={"PATH": os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "4"]  # the first step of the loop is recorded apart
+
+
+@pytest.mark.slow
+def test_the_pure_python_blocks_pass_the_blocks_tests() -> None:
+    """The tests of blocks, loops, switching and workers, again in a process that runs the Python twin."""
+    env = {**os.environ, "STEPWATCH_PURE_PYTHON": "1"}
+    check = run([sys.executable, "-c", "import stepwatch._block_base as b; print(b.COMPILED)"], env=env)
+    assert check.stdout.strip() == "False", check.stderr
+    tests = ["tests/test_recorder.py", "tests/test_switching.py", "tests/test_stats.py", "tests/test_trace.py"]
+    result = run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+def test_the_compiled_blocks_record_what_the_python_ones_do() -> None:
+    """The same nested blocks, an exception through one and a block closed out of order, in this process (the
+    compiled blocks where built) and in one running the Python twin: the same calls, the same drops."""
+    program = (
+        "import stepwatch\n"
+        "sw = stepwatch.Stopwatch()\n"
+        "sw.enable()\n"
+        "for i in sw.timed_iter(range(6)):\n"
+        "    with sw.timed('a'):\n"
+        "        with sw.timed('b'):\n"
+        "            pass\n"
+        "    try:\n"
+        "        with sw.timed('c'):\n"
+        "            raise KeyError(i)\n"
+        "    except KeyError:\n"
+        "        pass\n"
+        "    outer, inner = sw.timed('d'), sw.timed('e')\n"
+        "    outer.__enter__(); inner.__enter__(); outer.__exit__(None, None, None); inner.__exit__(None, None, None)\n"
+        "s = sw.summary()\n"
+        "print(sorted((p, st.calls) for p, st in s.phases['train'].stages.items() if not p.endswith('other')))\n"
+        "print(sw.span.dropped_blocks)\n"
+    )
+    here = run([sys.executable, "-c", program])
+    pure = run([sys.executable, "-c", program], env={**os.environ, "STEPWATCH_PURE_PYTHON": "1"})
+    assert here.returncode == 0 and pure.returncode == 0, here.stderr + pure.stderr
+    assert here.stdout == pure.stdout
+    assert "('step/a/b', 5)" in here.stdout and "('step/c', 5)" in here.stdout
