@@ -261,6 +261,26 @@ def test_single_process_reads_are_timed_without_touching_the_dataset(sw: Stopwat
     assert vars(dataset) == own
 
 
+def test_single_process_reads_of_more_batches_than_a_fold_keep_exact_calls_and_totals(sw: Stopwatch) -> None:
+    """A batch's reads are kept as (calls, total) until a fold's worth of batches, like a block's times: past it,
+    and in a summary taken between folds, the row's calls are the samples read and its total the batches'."""
+    from torch.utils.data import TensorDataset
+
+    from stepwatch._constants import FOLD
+
+    batches = FOLD + 30
+    loader = DataLoader(TensorDataset(torch.arange(2 * batches)), batch_size=2)
+    for index, _ in enumerate(sw.watch(loader)):
+        if index == 10:
+            assert calls(sw, "dataset") == 2 * 11  # between folds: the pending batches are counted (first_batch's too)
+    node = sw.tree.phase("train").root.children["loader"].children["dataset"]
+    assert 0 < len(node.batches) < FOLD  # the first fold's worth was folded on the way
+    pending = sum(total for _, total in node.batches)
+    stats = sw.summary().stages["loader/dataset"]
+    assert stats.calls == 2 * (batches - 1)  # (the first batch's reads are under first_batch)
+    assert stats.total * 1e9 >= pending > 0
+
+
 def test_single_process_loader_nests_under_the_wait(sw: Stopwatch) -> None:
     dataset = BusyDataset(size=8)
     loader = make_loader(None, dataset=dataset, num_workers=0)

@@ -19,7 +19,7 @@ from ._autostart import auto
 from ._compared import Compared
 from ._compared import compare_runs as compare
 from ._config import ConfigError, auto_from_env, enabled_from_env, live_from_env, out_from_env
-from ._dataloader.in_workers import TimedTransform as timed_transform
+from ._dataloader.transforms import TimedTransform as timed_transform
 from ._figures import StageStats
 from ._recorder import Stopwatch
 from ._render import FORMATS

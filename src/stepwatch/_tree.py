@@ -32,6 +32,7 @@ class Node:
     """One stage in the hierarchy of one phase: its buffers, statistics and children by name."""
 
     __slots__ = (
+        "batches",
         "buf",
         "children",
         "device_buf",
@@ -47,6 +48,7 @@ class Node:
         self.path = path
         self.children: dict[str, Node] = {}
         self.buf: list[int] = []
+        self.batches: list[tuple[int, int]] = []  # (calls, total ns) of calls timed together: a batch's reads
         self.stats = RunningStats(window=window)
         self.device_buf: list[int] = []
         self.device_stats = RunningStats(window=window)
@@ -60,6 +62,7 @@ class Node:
     def clear(self) -> None:
         """Forgets every measurement below and at this node; the nodes stay, so open frames stay valid."""
         self.buf.clear()
+        self.batches.clear()
         self.device_buf.clear()
         self.stats.clear()
         self.device_stats.clear()
@@ -285,6 +288,12 @@ def fold(node: Node) -> None:
         list.clear(node.buf)
         node.device_buf.clear()
         return
+    if node.batches:
+        batches = node.batches
+        count = len(batches)
+        for calls, total_ns in batches[:count]:
+            node.stats.add_samples(calls, total_ns)
+        del batches[:count]
     for buf, stats in ((node.buf, node.stats), (node.device_buf, node.device_stats)):
         count = len(buf)
         chunk = buf[:count]
@@ -296,7 +305,7 @@ def collect(node: Node, out: dict[str, StageStats]) -> None:
     """Adds ``node``'s recorded descendants to ``out``, depth first, each parent before its children and
     ``<parent>/other`` (derived from the totals) after them."""
     for child in node.children.values():
-        if child.buf or child.device_buf:
+        if child.buf or child.device_buf or child.batches:
             fold(child)
         below: dict[str, StageStats] = {}
         collect(child, below)
@@ -328,6 +337,8 @@ def take_from(node: Node, taken: dict[str, Partial]) -> None:
     """Folds each stage's measurements here (in the worker, beside the main process) and hands them over."""
     for child in node.children.values():
         stats = child.stats
+        if child.batches:
+            fold(child)
         if stats.calls:  # more than a fold's worth since the last batch
             stats.add_batch(child.buf)
             child.buf = []

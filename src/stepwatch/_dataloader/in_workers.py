@@ -16,9 +16,10 @@ import operator
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import _default_instance
+from .._constants import FOLD
 from .._stats import Partial
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class TimedCollate:
             if not self.watching:
                 return self.collate_fn(samples)
             stopwatch = self._stopwatch or _default_stopwatch()
-            if not _default_instance.lends_to(stopwatch):
+            if stopwatch is _default_instance.stopwatch or not _default_instance.lends_to(stopwatch):
                 with stopwatch.timed("collate"):
                     return self.collate_fn(samples)
             with _default_instance.lent_to(stopwatch), stopwatch.timed("collate"):
@@ -178,7 +179,7 @@ class TimedGetItems:
             _state.fetch_started()
             return self._fetch(stopwatch, indices)
         stopwatch = self._stopwatch or _default_stopwatch()
-        if not _default_instance.lends_to(stopwatch):
+        if stopwatch is _default_instance.stopwatch or not _default_instance.lends_to(stopwatch):
             return self._fetch(stopwatch, indices)
         with _default_instance.lent_to(stopwatch):
             return self._fetch(stopwatch, indices)
@@ -199,7 +200,10 @@ class TimedGetItems:
         # one clock pair for the whole batch, whatever its size: the row's total and calls (one per sample) stay
         # exact, its mean is the mean per sample, and its spread describes batches (see RunningStats.add_samples)
         local = stacks.local
-        stack = stacks.thread_stack()
+        try:
+            stack = local.stack
+        except AttributeError:
+            stack = stacks.thread_stack()
         parent = stack[-1][1]
         node = parent.children.get("dataset") or stopwatch.tree.add_child(parent, "dataset")
         clock = stopwatch.clock
@@ -221,8 +225,10 @@ class TimedGetItems:
             if stack[-1] is frame:
                 del stack[-1]
                 if stacks.local is local and node is not parent:  # not switched; (DROPPED is its own child)
-                    with stopwatch.tree.lock:
-                        node.stats.add_samples(read, end - start)
+                    batches = node.batches
+                    batches.append((read, end - start))  # folded as a block's buffer is: no lock taken here
+                    if len(batches) >= FOLD:
+                        stacks.fold(node)
                     timeline = stopwatch.timeline
                     if timeline is not None:
                         timeline.events += (node, start, end, stack)
@@ -385,21 +391,3 @@ class WorkerInit:
         info = get_worker_info()
         if info is not None and install_dataset_timing(info.dataset, None) is None:
             _time_iterable(info.dataset)
-
-
-class TimedTransform(Generic[T]):
-    """A transform timed under ``name`` on the default stopwatch, picklable for spawned workers.
-
-    ``stepwatch.timed_transform(fn, "augment")``; inside a dataset's ``__getitem__`` it shows as
-    ``loader/dataset/augment``."""
-
-    def __init__(self, fn: Callable[..., T], name: str | None = None) -> None:
-        self.fn = fn
-        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
-
-    def __call__(self, *args: Any, **kwargs: Any) -> T:
-        with _default_stopwatch().timed(self.name):
-            return self.fn(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"timed_transform({self.fn!r}, {self.name!r})"
