@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stepwatch import _block_base
+from stepwatch import Stopwatch, _block_base
 from stepwatch._blocks import Block
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,3 +137,30 @@ def test_the_compiled_blocks_record_what_the_python_ones_do() -> None:
     assert here.returncode == 0 and pure.returncode == 0, here.stderr + pure.stderr
     assert here.stdout == pure.stdout
     assert "('step/a/b', 5)" in here.stdout and "('step/c', 5)" in here.stdout
+
+
+def test_a_thread_never_finds_the_stack_of_an_ended_thread_with_its_identity() -> None:
+    """The compiled block caches the last thread's stack; a thread that ended inside a block leaves its stack
+    there, and a new thread (often given the ended one's identity) must get a stack of its own."""
+    import threading
+
+    sw = Stopwatch()
+    sw.enable()
+    identities = []
+
+    def leave_open() -> None:
+        identities.append(threading.get_ident())
+        sw.timed("left_open").__enter__()  # never exited: this thread ends inside it
+
+    def time_one() -> None:
+        identities.append(threading.get_ident())
+        with sw.timed("own"):
+            pass
+
+    for target in (leave_open, time_one, time_one):
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join()
+    stages = sw.summary().phases["train"].stages
+    assert stages["own"].calls == 2 and not any(path.startswith("left_open/") for path in stages)
+    assert len(identities) == 3
