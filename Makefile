@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[test,demo,docs]"
 	touch $(STAMP)
+	touch $(SPEEDUPS)  # the editable install has just built them
 
 # the C speedups, rebuilt in place when their source changes (the install builds them too); where they cannot
 # be built, stepwatch runs its pure-Python blocks and this says why

@@ -28,17 +28,27 @@ def module_name() -> str:
     return "_speedups" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
 
 
-def build_speedups(out_dir: Path) -> Path | None:
-    """Compiles the C speedups into ``out_dir``; None, with the reason on stderr, where it cannot. The
-    command is Python's own ``LDSHARED`` (compiler and shared-library flags), or the environment's, as
-    setuptools reads it: ``LDSHARED=false pip install .`` installs pure Python."""
+def toolchain() -> tuple[list[str], str] | None:
+    """The command that compiles and links an extension, and Python's include directory; None where there is
+    none. The command is Python's own ``LDSHARED`` (compiler and shared-library flags), or the environment's,
+    as setuptools reads it: ``LDSHARED=false pip install .`` installs pure Python."""
     linker = os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED")
     include = sysconfig.get_paths()["include"]
     if sys.platform == "win32" or not linker or not Path(include, "Python.h").exists():
+        return None
+    return shlex.split(linker), include
+
+
+def build_speedups(out_dir: Path) -> Path | None:
+    """Compiles the C speedups into ``out_dir`` (see :func:`toolchain`); None, with the reason on stderr, where
+    it cannot."""
+    tools = toolchain()
+    if tools is None:
         print("stepwatch: no C compiler or Python headers found; stepwatch stays pure Python", file=sys.stderr)
         return None
+    linker, include = tools
     target = out_dir / module_name()
-    command = [*shlex.split(linker), "-O2", "-fPIC", "-I", include, str(SOURCE), "-o", str(target)]
+    command = [*linker, "-O2", "-fPIC", "-I", include, str(SOURCE), "-o", str(target)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     except OSError as error:

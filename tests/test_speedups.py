@@ -7,7 +7,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import hatch_build  # noqa: E402  (the build hook, at the project's root)
 
 
 def compiler_here() -> bool:
-    return bool(sysconfig.get_config_var("LDSHARED")) and Path(sysconfig.get_paths()["include"], "Python.h").exists()
+    return hatch_build.toolchain() is not None
 
 
 def test_the_development_install_runs_the_compiled_blocks_where_a_compiler_is_found() -> None:
