@@ -30,7 +30,6 @@ PATCHED = [
     (torch.utils.data.DataLoader, "__iter__"),
     (torch.nn.Module, "__call__"),
     (torch.nn.Module, "zero_grad"),
-    (torch.Tensor, "backward"),
     (torch.autograd, "backward"),
     (torch.optim.Optimizer, "zero_grad"),
 ]

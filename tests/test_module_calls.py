@@ -118,3 +118,41 @@ def test_a_module_call_that_raises_after_narrowing_keeps_its_exception_and_its_b
             calls += 1
     assert "__call__" in vars(nn.Linear)
     assert stepwatch.summary().phases["train"].stages["step/forward"].calls == calls - 1
+
+
+def test_a_known_training_call_is_checked_again_at_every_call(auto: None) -> None:
+    """Once the model and the loss module are known as training calls, each call still re-reads the grad mode,
+    inference mode and the model's mode: each kind of evaluation after a steady training step is a val step,
+    and a loss computed under no_grad is no training work."""
+    torch.manual_seed(0)
+    model, criterion = Model([]), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = _patches.session
+    assert session is not None
+    for index, (x, y) in enumerate(loader(8)):
+        optimizer.zero_grad()
+        out = model(x)
+        criterion(out, y).backward()
+        optimizer.step()
+        before = session.training_blocks
+        if index == 3:  # known by now: the wrapper's fast path answers the next calls
+            assert session.steady_forward is not None and session.steady_forward() is model
+            assert session.steady_loss is not None and session.steady_loss() is criterion
+        elif index == 4:
+            with torch.inference_mode(), torch.enable_grad():
+                model(x)  # grad on inside inference mode: an evaluation
+        elif index == 5:
+            model.eval()
+            model(x)  # eval mode: an evaluation
+            model.train()
+        elif index == 6:
+            with torch.no_grad():
+                criterion(out.detach(), y)  # a loss under no_grad: no training work, no evaluation either
+        elif index == 7:
+            with torch.no_grad():
+                model(x)  # no_grad: an evaluation
+        assert session.training_blocks == before
+    phases = stepwatch.summary().phases
+    assert phases["train"].stages["step/forward"].calls == 7
+    assert phases["train"].stages["step/loss"].calls == 8  # the no_grad one too, in its step
+    assert phases["val"].steps == 3 and phases["val"].stages["step/forward"].calls == 3

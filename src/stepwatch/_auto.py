@@ -126,6 +126,9 @@ class AutoSession:
         self.driven: DrivenLoop | None = None
         self.sites: dict[tuple[Any, ...], str] = {}  # where a loop runs -> "train" or "val", learned
         self.last_model: weakref.ref[Any] | None = None
+        # the module calls whose stage is known until something changes (module_stage's fast path, in the wrapper)
+        self.steady_forward: weakref.ref[Any] | None = None  # the last model, last called for training
+        self.steady_loss: weakref.ref[Any] | None = None  # the last loss module, last called for training
         self._last_trained: weakref.ref[Any] | None = None  # the last module added to ``trained``
         self._classes: dict[type, tuple[str, bool]] = {}  # module class -> its name, whether a loss module
         self.accelerator = False
@@ -177,13 +180,17 @@ class AutoSession:
         grad = torch is None or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
         if is_loss:
             self.found.loss.setdefault(name, None)
+            self.steady_loss = None
             if grad and self.evaluation is None:
                 self.training_blocks += 1
+                with contextlib.suppress(TypeError):
+                    self.steady_loss = weakref.ref(module)
             return "loss"
         self.found.forward.setdefault(name, None)
         last = self.last_model
         if last is None or last() is not module:
-            self.last_model = weakref.ref(module)
+            last = self.last_model = weakref.ref(module)
+        self.steady_forward = None
         if grad and getattr(module, "training", True):
             if self.evaluation is not None:
                 self.end_evaluation()
@@ -192,6 +199,7 @@ class AutoSession:
                 with contextlib.suppress(TypeError):
                     self.trained.add(module)
                     self._last_trained = weakref.ref(module)
+            self.steady_forward = last
         elif self._trained(module):
             self._evaluation_step()
         return "forward"
@@ -250,13 +258,19 @@ class AutoSession:
         if self.driven is not None:
             if self.driven.thread == get_ident() and self.loop_depth == 1:
                 self.driven.tick()
-                self.module_calls.step_ended()
+                self._step_ended()
             return
         if self.loop_thread is None and self.sw.is_enabled():
             self._prepare_device()
             self.loop_thread, self.loop_depth = get_ident(), 1
             self.found.driven = True
             self.driven = DrivenLoop(self)
+
+    def _step_ended(self) -> None:
+        calls = self.module_calls
+        calls.steps_to_next_check -= 1
+        if calls.steps_to_next_check <= 0:
+            calls.step_ended()
 
     def _end_driven(self) -> None:
         self.end_evaluation()
@@ -306,6 +320,7 @@ class AutoSession:
         count = MethodType(add_samples, self.sw) if name is not None else None
         uniform, full = uniform_batches(loader)
         steps = iter(watched)
+        calls = self.module_calls
         try:
             for batch in steps:
                 batches += 1
@@ -322,7 +337,9 @@ class AutoSession:
                 if self.evaluation is not None:  # an evaluation at the step's end ends before the next batch
                     self.end_evaluation()
                 if tracked and self.loop_depth == 1:
-                    self.module_calls.step_ended()
+                    calls.steps_to_next_check -= 1
+                    if calls.steps_to_next_check <= 0:
+                        calls.step_ended()
         finally:
             self.end_evaluation()
             close = getattr(steps, "close", None)

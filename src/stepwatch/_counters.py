@@ -52,9 +52,14 @@ def add_samples(self: Stopwatch, size: int) -> None:
     keywords and no checks on the training loop's path."""
     phase = _measured_phase(self)
     if phase is not None:
+        counters = phase.counters
         with self.tree.count_lock:
             phase.count_calls += 1
-            _add(self, phase.counters, "samples", size)
+            total = counters.get("samples", 0) + size
+            if total <= COUNTER_LIMIT:  # (``_add``'s common case, inlined)
+                counters["samples"] = total
+            else:
+                _add(self, counters, "samples", size)
 
 
 def _measured_phase(self: Stopwatch) -> Phase | None:

@@ -37,7 +37,7 @@ class ModuleCalls:
         self._torch: Any = None
         self._learning = LEARNING_STEPS
         self._new = False
-        self._since_narrowed = 0
+        self.steps_to_next_check = 1  # the loop calls step_ended() when this falls to 0: once narrowed, rarely
 
     def install(self, torch: Any) -> None:
         from ._patches import wrap_module_call
@@ -56,11 +56,12 @@ class ModuleCalls:
         self._widen(LEARNING_STEPS)
 
     def step_ended(self) -> None:
-        """A step of the loop being broken down ended: learnt enough, or time to learn again."""
+        """A step of the loop being broken down ended: learnt enough, or time to learn again. The loop calls
+        it when :attr:`steps_to_next_check` (which it counts down) reaches 0: every step while learning,
+        every :data:`RELEARN_EVERY` steps once narrowed."""
+        self.steps_to_next_check = 1
         if self.narrowed:
-            self._since_narrowed += 1
-            if self._since_narrowed >= RELEARN_EVERY:
-                self._widen(1)
+            self._widen(1)
             return
         self._learning = max(self._learning - 1, 1 if self._new else 0)
         self._new = False
@@ -83,12 +84,12 @@ class ModuleCalls:
             logger.debug("stepwatch: module calls stay wrapped on nn.Module: %s", error)
             self._patches.replace(module, "__call__", wrap_module_call)
             return
-        self.narrowed, self._since_narrowed = True, 0
+        self.narrowed, self.steps_to_next_check = True, RELEARN_EVERY
 
     def _widen(self, steps: int) -> None:
         from ._patches import wrap_module_call
 
-        self._learning, self._new = steps, False
+        self._learning, self._new, self.steps_to_next_check = steps, False, 1
         if self.narrowed and self._torch is not None:
             self._patches.replace(self._torch.nn.Module, "__call__", wrap_module_call)
             self.narrowed = False

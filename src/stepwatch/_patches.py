@@ -4,7 +4,7 @@ value and exceptions, and times it only when the session says a step of its loop
 - ``DataLoader.__iter__``: a loop over a DataLoader is watched as ``watch(loader)`` would watch it;
 - ``nn.Module.__call__``: the outermost module call of a step is ``forward`` (``loss`` for a loss module);
   once the classes of those calls are known, the wrapper is on those classes only (``_module_calls``);
-- ``Tensor.backward`` and ``torch.autograd.backward``: ``backward``;
+- ``torch.autograd.backward``, which ``Tensor.backward`` calls: ``backward`` (one wrapper a step, not two);
 - torch's global optimizer step hooks: ``optimizer``; ``Optimizer.zero_grad`` and ``Module.zero_grad``:
   ``zero_grad``;
 - ``Tensor.to`` and ``Tensor.cuda`` from host to an accelerator, outside forward: ``h2d`` (only patched when
@@ -68,7 +68,32 @@ def wrap_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
             if counting is not None and counting.counter is not None:  # the step whose FLOPs are counted:
                 module = getattr(module, "_orig_mod", module)  # a compiled model runs eagerly (see _flops)
             return original(module, *args, **kwargs)
-        block = current.sw.timed(current.module_stage(module))
+        torch: Any = current.torch
+        steady = current.steady_forward
+        if (  # the model called for training, as it was last time: module_stage's answer, known
+            steady is not None
+            and module is steady()
+            and current.evaluation is None
+            and module.training  # type: ignore[union-attr]
+            and torch.is_grad_enabled()
+            and not torch.is_inference_mode_enabled()
+        ):
+            current.training_blocks += 1
+            stage = "forward"
+        else:
+            steady = current.steady_loss
+            if (  # the same for the loss module
+                steady is not None
+                and module is steady()
+                and current.evaluation is None
+                and torch.is_grad_enabled()
+                and not torch.is_inference_mode_enabled()
+            ):
+                current.training_blocks += 1
+                stage = "loss"
+            else:
+                stage = current.module_stage(module)
+        block = current.sw.timed(stage)
         current.busy += 1  # (``_timed``, inlined: once a step for the model, once for a loss module)
         try:
             with block:
@@ -198,6 +223,8 @@ def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     if current.open_blocks:
         current.busy -= 1
         current.open_blocks.pop().__exit__(None, None, None)
+    if current.evaluation is None and current.driven is None and current.loop_thread is not None:
+        return  # a DataLoader loop's step: nothing ends here (``optimizer_stepped``'s common case, inlined)
     current.optimizer_stepped()
 
 
@@ -261,7 +288,6 @@ def install(patches: Patches, torch: Any, accelerator: bool) -> None:
     from torch.optim import optimizer as optim_module
 
     patches.replace(torch.utils.data.DataLoader, "__iter__", wrap_loader_iter)
-    patches.replace(torch.Tensor, "backward", wrap_backward)
     patches.replace(torch.autograd, "backward", wrap_backward)
     patches.replace(torch.optim.Optimizer, "zero_grad", wrap_zero_grad)
     patches.replace(torch.nn.Module, "zero_grad", wrap_zero_grad)

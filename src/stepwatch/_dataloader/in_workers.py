@@ -12,6 +12,7 @@ With ``num_workers=0`` everything runs in the main process and is recorded direc
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import time
@@ -128,7 +129,7 @@ class TimedCollate:
         if not _state.active:  # the main process (num_workers=0): recorded directly under the loader
             if not self.watching:
                 return self.collate_fn(samples)
-            stopwatch = self._stopwatch or _default_stopwatch()
+            stopwatch = self._stopwatch or _default_instance.stopwatch
             if stopwatch is _default_instance.stopwatch or not _default_instance.lends_to(stopwatch):
                 with stopwatch.timed("collate"):
                     return self.collate_fn(samples)
@@ -177,14 +178,14 @@ class TimedGetItems:
             if _state.fetch_started_ns is not None:  # the previous batch failed before its collate: its
                 stopwatch.workers.take()  # measurements never reached the loop, so they must not ride on this batch
             _state.fetch_started()
-            return self._fetch(stopwatch, indices)
-        stopwatch = self._stopwatch or _default_stopwatch()
+            return self.read(stopwatch, indices)
+        stopwatch = self._stopwatch or _default_instance.stopwatch
         if stopwatch is _default_instance.stopwatch or not _default_instance.lends_to(stopwatch):
-            return self._fetch(stopwatch, indices)
+            return self.read(stopwatch, indices)
         with _default_instance.lent_to(stopwatch):
-            return self._fetch(stopwatch, indices)
+            return self.read(stopwatch, indices)
 
-    def _fetch(self, stopwatch: Stopwatch, indices: Any) -> Any:
+    def read(self, stopwatch: Stopwatch, indices: Any) -> Any:
         if self.inner is not None:
             with stopwatch.timed(BATCHED):
                 return self.inner(indices)
@@ -277,7 +278,10 @@ class TimedReads:
 
     def __init__(self, dataset: Any, wrapper: TimedGetItems) -> None:
         self.dataset = dataset
-        self.__getitems__ = wrapper
+        # the default stopwatch's reads: the reading itself, without the checks of where it runs and for whom
+        # that TimedGetItems.__call__ makes at each batch (a call less)
+        default = wrapper._stopwatch is None or wrapper._stopwatch is _default_instance.stopwatch
+        self.__getitems__ = functools.partial(wrapper.read, _default_instance.stopwatch) if default else wrapper
 
     def __getitem__(self, index: Any) -> Any:
         return self.dataset[index]
