@@ -122,8 +122,9 @@ def test_a_module_call_that_raises_after_narrowing_keeps_its_exception_and_its_b
 
 def test_a_known_training_call_is_checked_again_at_every_call(auto: None) -> None:
     """Once the model and the loss module are known as training calls, each call still re-reads the grad mode,
-    inference mode and the model's mode: each kind of evaluation after a steady training step is a val step,
-    and a loss computed under no_grad is no training work."""
+    inference mode, the model's mode and whether an evaluation is under way: each kind of evaluation after a
+    steady training step is a val step, a training forward ends an evaluation, and a loss computed under
+    no_grad is no training work."""
     torch.manual_seed(0)
     model, criterion = Model([]), nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -135,7 +136,15 @@ def test_a_known_training_call_is_checked_again_at_every_call(auto: None) -> Non
         criterion(out, y).backward()
         optimizer.step()
         before = session.training_blocks
-        if index == 3:  # known by now: the wrapper's fast path answers the next calls
+        if index == 2:
+            model.eval()
+            criterion(model(x), y)  # an evaluation begins, grad on: its loss is no training work
+            assert session.evaluation is not None and session.training_blocks == before
+            model.train()
+            model(x)  # and a training forward ends it
+            assert session.evaluation is None and session.training_blocks == before + 1
+            before += 1
+        elif index == 3:  # known by now: the wrapper's fast path answers the next calls
             assert session.steady_forward is not None and session.steady_forward() is model
             assert session.steady_loss is not None and session.steady_loss() is criterion
         elif index == 4:
@@ -153,6 +162,7 @@ def test_a_known_training_call_is_checked_again_at_every_call(auto: None) -> Non
                 model(x)  # no_grad: an evaluation
         assert session.training_blocks == before
     phases = stepwatch.summary().phases
-    assert phases["train"].stages["step/forward"].calls == 7
+    assert phases["train"].stages["step/forward"].calls == 7 + 1
     assert phases["train"].stages["step/loss"].calls == 8  # the no_grad one too, in its step
-    assert phases["val"].steps == 3 and phases["val"].stages["step/forward"].calls == 3
+    assert phases["val"].stages["step/loss"].calls == 1  # the evaluation's, grad on
+    assert phases["val"].steps == 4 and phases["val"].stages["step/forward"].calls == 4

@@ -69,30 +69,22 @@ def wrap_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
                 module = getattr(module, "_orig_mod", module)  # a compiled model runs eagerly (see _flops)
             return original(module, *args, **kwargs)
         torch: Any = current.torch
-        steady = current.steady_forward
-        if (  # the model called for training, as it was last time: module_stage's answer, known
-            steady is not None
-            and module is steady()
+        steady = current.steady_forward  # the model and the loss module last called for training, if any
+        if steady is not None and module is steady():
+            known = "forward" if module.training else None  # type: ignore[union-attr]
+        else:
+            steady = current.steady_loss
+            known = "loss" if steady is not None and module is steady() else None
+        if (  # module_stage's answer, known: what could change it is read again
+            known is not None
             and current.evaluation is None
-            and module.training  # type: ignore[union-attr]
             and torch.is_grad_enabled()
             and not torch.is_inference_mode_enabled()
         ):
             current.training_blocks += 1
-            stage = "forward"
+            stage = known
         else:
-            steady = current.steady_loss
-            if (  # the same for the loss module
-                steady is not None
-                and module is steady()
-                and current.evaluation is None
-                and torch.is_grad_enabled()
-                and not torch.is_inference_mode_enabled()
-            ):
-                current.training_blocks += 1
-                stage = "loss"
-            else:
-                stage = current.module_stage(module)
+            stage = current.module_stage(module)
         block = current.sw.timed(stage)
         current.busy += 1  # (``_timed``, inlined: once a step for the model, once for a loss module)
         try:
