@@ -99,11 +99,13 @@ def test_wheels_with_and_without_a_compiler_install_and_time_blocks(tmp_path: Pa
 
 @pytest.mark.slow
 def test_the_pure_python_blocks_pass_the_blocks_tests() -> None:
-    """The tests of blocks, loops, switching and workers, again in a process that runs the Python twin."""
+    """The tests of blocks, loops, switching, workers and auto()'s wrappers, again in a process that runs the
+    Python twin."""
     env = {**os.environ, "STEPWATCH_PURE_PYTHON": "1"}
     check = run([sys.executable, "-c", "import stepwatch._block_base as b; print(b.COMPILED)"], env=env)
     assert check.stdout.strip() == "False", check.stderr
     tests = ["tests/test_recorder.py", "tests/test_switching.py", "tests/test_stats.py", "tests/test_trace.py"]
+    tests += ["tests/test_auto.py", "tests/test_module_calls.py"]  # auto()'s wrappers: Python, not AutoCall
     result = run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:]
     assert " passed" in result.stdout and "failed" not in result.stdout

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _patches
 from ._batch_size import batch_size, uniform_batches
+from ._block_base import AutoState
 from ._constants import DEFAULT_PHASE, VAL_PHASE
 from ._counters import add_samples
 from ._external_loops import DrivenLoop, is_empty, rename_phase
@@ -102,8 +103,10 @@ class _Plain:
         return len(self.loader)
 
 
-class AutoSession:
-    """One auto-instrumentation of a stopwatch: its patches, what it found, and which thread's loop runs."""
+class AutoSession(AutoState):  # type: ignore[misc]
+    """One auto-instrumentation of a stopwatch: its patches, what it found, and which thread's loop runs. Its
+    attributes read by every wrapped call (``busy``, ``loop_thread``...) are C fields of ``AutoState`` where
+    the speedups are built."""
 
     def __init__(self, stopwatch: Stopwatch, val_phase: str = VAL_PHASE, device: Any = "auto") -> None:
         self.sw = stopwatch

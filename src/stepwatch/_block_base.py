@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._constants import FOLD
 
@@ -84,3 +84,11 @@ else:
     BlockBase = _compiled() or PythonBlockBase
 COMPILED = BlockBase is not PythonBlockBase
 """Whether timed blocks run the C implementation."""
+
+AutoCall: Any = None
+"""auto()'s wrappers' common case in C (``_auto_calls.c``), where the blocks are compiled; None elsewhere."""
+AutoState: type = object
+"""The base of ``AutoSession``: its state read by those wrappers, as C fields where they are compiled."""
+if COMPILED:
+    from ._speedups import AutoCall as AutoCall  # type: ignore[import-not-found,no-redef,unused-ignore]
+    from ._speedups import AutoState as AutoState  # type: ignore[import-not-found,no-redef,unused-ignore]

@@ -69,7 +69,7 @@ class ModuleCalls:
             self._narrow()
 
     def _narrow(self) -> None:
-        from ._patches import wrap_module_call
+        from ._patches import wrap_module_call, wrap_outer_module_call
 
         torch = self._torch
         if torch is None or len(self.outer) >= _MAX_CLASSES:
@@ -79,7 +79,7 @@ class ModuleCalls:
         try:
             for cls in self.outer:
                 if cls is not module and not self._patches.patched(cls, "__call__"):
-                    self._patches.replace(cls, "__call__", wrap_module_call)
+                    self._patches.replace(cls, "__call__", wrap_outer_module_call)
         except (TypeError, AttributeError) as error:  # a class that takes no attribute: back to the general one
             logger.debug("stepwatch: module calls stay wrapped on nn.Module: %s", error)
             self._patches.replace(module, "__call__", wrap_module_call)

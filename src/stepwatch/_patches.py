@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,24 @@ def _timing(current: AutoSession | None) -> bool:
         and current.loop_thread == get_ident()
         and current.sw.stacks.measuring is True
     )
+
+
+MODULE_CALL, BACKWARD, ZERO_GRAD, PRE_STEP, POST_STEP = 0, 1, 2, 3, 4
+"""The kinds of ``_speedups.AutoCall``: which wrapper's common case it runs."""
+
+
+def compiled(kind: int, original: Callable[..., Any] | None, wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapper``, or where the C speedups are built, ``_speedups.AutoCall``: the common case of a step in C,
+    everything else by ``wrapper`` (see ``_auto_calls.c``). Both carry ``original``'s name, doc and
+    ``__wrapped__`` (a hook, with no original: the hook's)."""
+    from ._block_base import AutoCall
+
+    if AutoCall is None:
+        return wrapper
+    torch: Any = sys.modules["torch"]
+    fast = AutoCall(kind, original, wrapper, globals(), torch.is_grad_enabled, torch.is_inference_mode_enabled)
+    functools.update_wrapper(fast, wrapper if original is None else original)
+    return fast  # type: ignore[no-any-return]
 
 
 def wrap_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -96,6 +115,30 @@ def wrap_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
     return __call__
 
 
+def wrap_outer_module_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The module-call wrapper for the classes of a step's outermost calls, once narrowed to them: its common
+    case in C where built, unless ``torch.compile`` has compiled something (dynamo traces the Python wrapper
+    when such a class is called inside a compiled region, and would break the graph at the C one). The wrapper
+    on ``nn.Module`` itself, which every call inside a compiled model meets while learning, stays in Python."""
+    wrapper = wrap_module_call(original)
+    if dynamo_compiled():
+        return wrapper
+    return compiled(MODULE_CALL, original, wrapper)
+
+
+def dynamo_compiled() -> bool:
+    """Whether dynamo (``torch.compile``) has compiled a frame in this process; where its counters are not
+    found (another torch), whether it is loaded at all. (Creating an optimizer loads it: that alone says
+    nothing.)"""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return False
+    try:
+        return bool(utils.counters["frames"]["total"])
+    except (AttributeError, KeyError, TypeError):
+        return True
+
+
 def wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
@@ -117,7 +160,7 @@ def wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             current.busy -= 1
 
-    return backward
+    return compiled(BACKWARD, original, backward)
 
 
 def wrap_zero_grad(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -143,7 +186,7 @@ def wrap_zero_grad(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             current.busy -= 1
 
-    return zero_grad
+    return compiled(ZERO_GRAD, original, zero_grad)
 
 
 def moves_to_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -283,8 +326,10 @@ def install(patches: Patches, torch: Any, accelerator: bool) -> None:
     patches.replace(torch.autograd, "backward", wrap_backward)
     patches.replace(torch.optim.Optimizer, "zero_grad", wrap_zero_grad)
     patches.replace(torch.nn.Module, "zero_grad", wrap_zero_grad)
-    patches.hook(optim_module.register_optimizer_step_pre_hook(optimizer_pre_hook))
-    patches.hook(optim_module.register_optimizer_step_post_hook(optimizer_post_hook))
+    pre_hook = compiled(PRE_STEP, None, optimizer_pre_hook)
+    post_hook = compiled(POST_STEP, None, optimizer_post_hook)
+    patches.hook(optim_module.register_optimizer_step_pre_hook(pre_hook))
+    patches.hook(optim_module.register_optimizer_step_post_hook(post_hook))
     if accelerator:
         install_h2d(patches, torch)
 

@@ -352,6 +352,9 @@ static PyTypeObject BlockBaseType = {
     .tp_members = block_members,
 };
 
+#include "_auto_state.c"
+#include "_auto_calls.c"
+
 static PyObject *
 configure(PyObject *Py_UNUSED(module), PyObject *fold)
 {
@@ -373,7 +376,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef speedups_module = {
-    PyModuleDef_HEAD_INIT, "stepwatch._speedups", "The timed block's hot path in C.", -1, module_methods,
+    PyModuleDef_HEAD_INIT, "stepwatch._speedups", "The timed block's hot path in C, and auto()'s wrappers' common case.", -1, module_methods,
 };
 
 PyMODINIT_FUNC
@@ -403,6 +406,10 @@ PyInit__speedups(void)
     Py_INCREF(&BlockBaseType);
     if (PyModule_AddObject(module, "BlockBase", (PyObject *)&BlockBaseType) < 0) {
         Py_DECREF(&BlockBaseType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    if (auto_calls_ready(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,0 +1,369 @@
+/* auto()'s wrappers of torch's calls, their common case in C (included by _speedups.c; optional, as the block is).
+ *
+ * ``AutoCall(kind, original, fallback, namespace, grad_enabled, inference_enabled)`` stands where auto() puts a
+ * Python wrapper (stepwatch/_patches.py: ``wrap_module_call``, ``wrap_backward``, ``wrap_zero_grad``) and is
+ * that wrapper's ``fallback``. A call does one of three things:
+ *
+ * - ``namespace["session"]`` is None, or (module calls, zero_grad) an auto block is open or another thread
+ *   runs the loop: the original, called at once (what the Python wrapper does first, with no side effect);
+ * - the common case of a training step, every condition of the Python wrapper's fast path read first: the
+ *   same writes to the session in the same order, the block named by the stage entered around the original
+ *   and exited with the exception (if any) passed on, ``busy`` raised and lowered around it;
+ * - anything else: the Python wrapper (``fallback``), which reads everything again and does the rest.
+ *
+ * Its Python frame (arguments packed into a tuple and a dict, about 2,000 instructions) and the bytecode of the
+ * checks are what this saves, per patched call of a step.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    PyObject *original;          /* the wrapped callable */
+    PyObject *fallback;          /* the Python wrapper: every case but the common one */
+    PyObject *namespace;         /* stepwatch._patches' globals, whose ``session`` is read at every call */
+    PyObject *grad_enabled;      /* torch.is_grad_enabled */
+    PyObject *inference_enabled; /* torch.is_inference_mode_enabled */
+    PyObject *dict;              /* __wrapped__, __name__, __doc__... (functools.update_wrapper) */
+    vectorcallfunc vectorcall;
+} AutoCallObject;
+
+/* The stage this call is timed under when it is the common case of a training step (borrowed; NULL with no
+ * exception: not the common case, the Python wrapper decides). The session is free on this thread. */
+static PyObject *
+common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (session->evaluation != Py_None || session->sw == NULL || measuring(session->sw) != 1) {
+        return NULL;
+    }
+    if (self->kind == AUTO_BACKWARD) {
+        return s_backward;
+    }
+    if (self->kind == AUTO_ZERO_GRAD) {
+        return s_zero_grad;
+    }
+    if (nargs < 1 || session->module_calls == NULL) {
+        return NULL;
+    }
+    PyObject *module = args[0];
+    PyObject *outer = PyObject_GetAttr(session->module_calls, s_outer);
+    int known_class = outer != NULL && PyDict_CheckExact(outer) ? PyDict_Contains(outer, (PyObject *)Py_TYPE(module)) : -1;
+    Py_XDECREF(outer);
+    if (known_class != 1) {
+        return NULL;
+    }
+    PyObject *stage = known_stage(session, module);
+    if (stage == NULL || call_is_true(self->grad_enabled) != 1 || call_is_true(self->inference_enabled) != 0) {
+        return NULL;
+    }
+    return stage;
+}
+
+/* The original called inside ``block`` (entered and exited as a ``with`` statement would), with ``busy``
+ * raised around it. */
+static PyObject *
+call_in_block(AutoCallObject *self, AutoStateObject *session, PyObject *block, PyObject *const *args,
+              size_t nargsf, PyObject *kwnames)
+{
+    session->busy++;
+    PyObject *result = NULL;
+    PyObject *entered = PyObject_CallMethodNoArgs(block, s_enter);
+    if (entered != NULL) {
+        Py_DECREF(entered);
+        result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+        PyObject *exited;
+        if (result != NULL) {
+            exited = PyObject_CallMethodObjArgs(block, s_exit, Py_None, Py_None, Py_None, NULL);
+        }
+        else {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyErr_NormalizeException(&type, &value, &traceback);
+            if (traceback != NULL) {
+                PyException_SetTraceback(value, traceback);
+            }
+            exited = PyObject_CallMethodObjArgs(block, s_exit, type, value, traceback ? traceback : Py_None, NULL);
+            int suppress = exited == NULL ? 0 : PyObject_IsTrue(exited);
+            if (exited != NULL && suppress == 0) {
+                PyErr_Restore(type, value, traceback); /* the exception goes on */
+            }
+            else {
+                Py_XDECREF(type); /* __exit__ raised (its exception replaces it) or swallowed it */
+                Py_XDECREF(value);
+                Py_XDECREF(traceback);
+                if (suppress > 0) {
+                    result = Py_NewRef(Py_None);
+                }
+            }
+        }
+        if (exited == NULL) {
+            Py_CLEAR(result);
+        }
+        Py_XDECREF(exited);
+    }
+    session->busy--;
+    return result;
+}
+
+/* The session's counts and findings of the common case, as the Python wrapper writes them: 0, or -1. */
+static int
+count_call(AutoCallObject *self, AutoStateObject *session)
+{
+    if (self->kind == AUTO_MODULE_CALL) {
+        session->training_blocks++;
+        return 0;
+    }
+    if (self->kind == AUTO_BACKWARD) {
+        session->backward_calls++;
+        session->training_blocks++;
+    }
+    else {
+        session->zero_grads++;
+    }
+    PyObject *flag = self->kind == AUTO_BACKWARD ? s_backward : s_zero_grad; /* found.backward = True */
+    PyObject *value = session->found == NULL ? NULL : PyObject_GetAttr(session->found, flag);
+    if (value == NULL) {
+        return -1;
+    }
+    Py_DECREF(value);
+    return value == Py_True ? 0 : PyObject_SetAttr(session->found, flag, Py_True);
+}
+
+/* Torch's global hook before an optimizer step, its common case (``optimizer_pre_hook``'s): the optimizer's
+ * class already found, the ``optimizer`` block opened and left open for the hook after the step. 1: done; 0:
+ * not the common case; -1: an exception. */
+static int
+pre_step(AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || !free_on_this_thread(session) || session->evaluation != Py_None || session->sw == NULL ||
+        session->open_blocks == NULL || !PyList_CheckExact(session->open_blocks) || measuring(session->sw) != 1) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *optimizers = session->found == NULL ? NULL : PyObject_GetAttr(session->found, s_optimizers);
+    PyObject *name = optimizers == NULL ? NULL : PyObject_GetAttr((PyObject *)Py_TYPE(args[0]), s_name);
+    int known = name == NULL || !PyDict_CheckExact(optimizers) ? -1 : PyDict_Contains(optimizers, name);
+    Py_XDECREF(name);
+    Py_XDECREF(optimizers);
+    PyObject *by_name = known != 1 ? NULL : PyObject_GetAttr(session->sw, s_by_name);
+    PyObject *block = by_name == NULL || !PyDict_CheckExact(by_name) ? NULL : PyDict_GetItemWithError(by_name, s_optimizer);
+    Py_XINCREF(block);
+    Py_XDECREF(by_name);
+    if (block == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *entered = PyObject_CallMethodNoArgs(block, s_enter);
+    int failed = entered == NULL || PyList_Append(session->open_blocks, block) < 0;
+    Py_XDECREF(entered);
+    Py_DECREF(block);
+    if (failed) {
+        return -1;
+    }
+    session->busy++;
+    return 1;
+}
+
+/* Torch's global hook after an optimizer step, its common case in a DataLoader loop's step
+ * (``optimizer_post_hook``'s): the block the pre-step hook opened, closed. 1: done; 0: not the common case; -1:
+ * an exception. */
+static int
+post_step(AutoStateObject *session)
+{
+    if (session->loop_thread == NULL || !PyLong_CheckExact(session->loop_thread) ||
+        PyLong_AsUnsignedLong(session->loop_thread) != PyThread_get_thread_ident() ||
+        session->evaluation != Py_None || session->driven != Py_None || session->open_blocks == NULL ||
+        !PyList_CheckExact(session->open_blocks) || PyList_GET_SIZE(session->open_blocks) == 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t last = PyList_GET_SIZE(session->open_blocks) - 1;
+    PyObject *block = Py_NewRef(PyList_GET_ITEM(session->open_blocks, last));
+    session->busy--;
+    if (PyList_SetSlice(session->open_blocks, last, last + 1, NULL) < 0) {
+        Py_DECREF(block);
+        return -1;
+    }
+    PyObject *exited = PyObject_CallMethodObjArgs(block, s_exit, Py_None, Py_None, Py_None, NULL);
+    Py_DECREF(block);
+    Py_XDECREF(exited);
+    return exited == NULL ? -1 : 1;
+}
+
+static PyObject *
+auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *current = PyDict_GetItemWithError(self->namespace, s_session); /* borrowed */
+    if (current == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (current == NULL || current == Py_None) {
+        return PyObject_Vectorcall(self->original == Py_None ? self->fallback : self->original, args, nargsf, kwnames);
+    }
+    if (!PyObject_TypeCheck(current, &AutoStateType)) {
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    }
+    AutoStateObject *session = (AutoStateObject *)current;
+    if (self->kind == AUTO_PRE_STEP || self->kind == AUTO_POST_STEP) {
+        Py_INCREF(session);
+        int done = self->kind == AUTO_PRE_STEP ? pre_step(session, args, PyVectorcall_NARGS(nargsf)) : post_step(session);
+        Py_DECREF(session);
+        if (done != 0) {
+            return done < 0 ? NULL : Py_NewRef(Py_None);
+        }
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    }
+    Py_INCREF(session);
+    PyObject *result = NULL, *by_name = NULL, *block = NULL, *stage = NULL;
+    int free_here = free_on_this_thread(session);
+    if (!free_here && self->kind != AUTO_BACKWARD) { /* backward counts every call: its wrapper's */
+        result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+        goto done;
+    }
+    if (free_here) {
+        stage = common_stage(self, session, args, PyVectorcall_NARGS(nargsf));
+        by_name = stage == NULL ? NULL : PyObject_GetAttr(session->sw, s_by_name);
+        block = by_name == NULL || !PyDict_CheckExact(by_name) ? NULL : PyDict_GetItemWithError(by_name, stage);
+    }
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    if (block == NULL) { /* not the common case, or a stage without its block yet: the Python wrapper */
+        result = PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+        goto done;
+    }
+    Py_INCREF(block);
+    if (count_call(self, session) == 0) {
+        result = call_in_block(self, session, block, args, nargsf, kwnames);
+    }
+    Py_DECREF(block);
+done:
+    Py_XDECREF(by_name);
+    Py_DECREF(session);
+    return result;
+}
+
+static PyObject *
+auto_call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    int kind;
+    PyObject *original, *fallback, *namespace, *grad_enabled, *inference_enabled;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "AutoCall() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "iOOO!OO:AutoCall", &kind, &original, &fallback, &PyDict_Type, &namespace,
+                          &grad_enabled, &inference_enabled)) {
+        return NULL;
+    }
+    if (kind < AUTO_MODULE_CALL || kind > AUTO_POST_STEP) {
+        PyErr_SetString(PyExc_ValueError, "AutoCall: unknown kind");
+        return NULL;
+    }
+    AutoCallObject *self = (AutoCallObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->kind = kind;
+    self->original = Py_NewRef(original);
+    self->fallback = Py_NewRef(fallback);
+    self->namespace = Py_NewRef(namespace);
+    self->grad_enabled = Py_NewRef(grad_enabled);
+    self->inference_enabled = Py_NewRef(inference_enabled);
+    self->vectorcall = (vectorcallfunc)auto_call_vectorcall;
+    return (PyObject *)self;
+}
+
+/* A method of the class it is set on, as a function would be: ``module(x)`` calls it with the module first. */
+static PyObject *
+auto_call_get(PyObject *self, PyObject *instance, PyObject *Py_UNUSED(owner))
+{
+    if (instance == NULL || instance == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, instance);
+}
+
+static int
+auto_call_traverse(AutoCallObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->original);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->namespace);
+    Py_VISIT(self->grad_enabled);
+    Py_VISIT(self->inference_enabled);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+auto_call_clear(AutoCallObject *self)
+{
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->namespace);
+    Py_CLEAR(self->grad_enabled);
+    Py_CLEAR(self->inference_enabled);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+auto_call_dealloc(AutoCallObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    auto_call_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyGetSetDef auto_call_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject AutoCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepwatch._speedups.AutoCall",
+    .tp_doc = "auto()'s wrapper of a torch call, its common case in C (see stepwatch/_auto_calls.c).",
+    .tp_basicsize = sizeof(AutoCallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = auto_call_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(AutoCallObject, vectorcall),
+    .tp_descr_get = auto_call_get,
+    .tp_dictoffset = offsetof(AutoCallObject, dict),
+    .tp_getset = auto_call_getset,
+    .tp_traverse = (traverseproc)auto_call_traverse,
+    .tp_clear = (inquiry)auto_call_clear,
+    .tp_dealloc = (destructor)auto_call_dealloc,
+};
+
+/* Interns the attribute names above and readies the type; 0, or -1 with an exception. */
+static int
+auto_calls_ready(PyObject *module)
+{
+    struct {
+        PyObject **slot;
+        const char *text;
+    } names[] = {
+        {&s_session, "session"}, {&s_training, "training"}, {&s_outer, "outer"}, {&s_by_name, "_by_name"},
+        {&s_backward, "backward"}, {&s_zero_grad, "zero_grad"}, {&s_enter, "__enter__"}, {&s_exit, "__exit__"},
+        {&s_forward_stage, "forward"}, {&s_loss_stage, "loss"}, {&s_optimizers, "optimizers"},
+        {&s_name, "__name__"}, {&s_optimizer, "optimizer"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) {
+            return -1;
+        }
+    }
+    if (PyType_Ready(&AutoCallType) < 0 || PyType_Ready(&AutoStateType) < 0) {
+        return -1;
+    }
+    Py_INCREF(&AutoCallType);
+    if (PyModule_AddObject(module, "AutoCall", (PyObject *)&AutoCallType) < 0) {
+        Py_DECREF(&AutoCallType);
+        return -1;
+    }
+    Py_INCREF(&AutoStateType);
+    if (PyModule_AddObject(module, "AutoState", (PyObject *)&AutoStateType) < 0) {
+        Py_DECREF(&AutoStateType);
+        return -1;
+    }
+    return 0;
+}

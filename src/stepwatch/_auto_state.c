@@ -1,0 +1,179 @@
+/* auto()'s session state in C (included by _speedups.c before _auto_calls.c): the fields every wrapped call reads
+ * or writes, and the reads of them the wrappers share. See _auto_calls.c.
+ */
+
+enum { AUTO_MODULE_CALL = 0, AUTO_BACKWARD = 1, AUTO_ZERO_GRAD = 2, AUTO_PRE_STEP = 3, AUTO_POST_STEP = 4 };
+
+/* The session's state that every wrapped call reads or writes, as C fields (the base class of
+ * stepwatch._auto.AutoSession): a read or a count here is a load or an add, where an attribute of a Python
+ * object is a lookup in its type and its dictionary (hundreds of instructions). Python reads and writes them as
+ * attributes, as before. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *sw;             /* the Stopwatch */
+    PyObject *loop_thread;    /* the thread whose loop's steps are broken down (an int), or None */
+    PyObject *evaluation;     /* the val loop of an evaluation in a step, or None */
+    PyObject *steady_forward; /* a weak reference to the model last called for training, or None */
+    PyObject *steady_loss;    /* the same for the loss module */
+    PyObject *module_calls;   /* the session's ModuleCalls */
+    PyObject *found;          /* what auto found (WhatAutoFound) */
+    PyObject *open_blocks;    /* the optimizer blocks opened by the pre-step hook (a list) */
+    PyObject *driven;         /* the loop of optimizer steps without a DataLoader, or None */
+    Py_ssize_t busy;          /* auto blocks open: nested patched calls are plain */
+    Py_ssize_t backward_calls;
+    Py_ssize_t training_blocks;
+    Py_ssize_t zero_grads;
+} AutoStateObject;
+
+static PyMemberDef auto_state_members[] = {
+    {"sw", T_OBJECT, offsetof(AutoStateObject, sw), 0, NULL},
+    {"loop_thread", T_OBJECT, offsetof(AutoStateObject, loop_thread), 0, NULL},
+    {"evaluation", T_OBJECT, offsetof(AutoStateObject, evaluation), 0, NULL},
+    {"steady_forward", T_OBJECT, offsetof(AutoStateObject, steady_forward), 0, NULL},
+    {"steady_loss", T_OBJECT, offsetof(AutoStateObject, steady_loss), 0, NULL},
+    {"module_calls", T_OBJECT, offsetof(AutoStateObject, module_calls), 0, NULL},
+    {"found", T_OBJECT, offsetof(AutoStateObject, found), 0, NULL},
+    {"open_blocks", T_OBJECT, offsetof(AutoStateObject, open_blocks), 0, NULL},
+    {"driven", T_OBJECT, offsetof(AutoStateObject, driven), 0, NULL},
+    {"busy", T_PYSSIZET, offsetof(AutoStateObject, busy), 0, NULL},
+    {"backward_calls", T_PYSSIZET, offsetof(AutoStateObject, backward_calls), 0, NULL},
+    {"training_blocks", T_PYSSIZET, offsetof(AutoStateObject, training_blocks), 0, NULL},
+    {"zero_grads", T_PYSSIZET, offsetof(AutoStateObject, zero_grads), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int
+auto_state_traverse(AutoStateObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->sw);
+    Py_VISIT(self->loop_thread);
+    Py_VISIT(self->evaluation);
+    Py_VISIT(self->steady_forward);
+    Py_VISIT(self->steady_loss);
+    Py_VISIT(self->module_calls);
+    Py_VISIT(self->found);
+    Py_VISIT(self->open_blocks);
+    Py_VISIT(self->driven);
+    return 0;
+}
+
+static int
+auto_state_clear(AutoStateObject *self)
+{
+    Py_CLEAR(self->sw);
+    Py_CLEAR(self->loop_thread);
+    Py_CLEAR(self->evaluation);
+    Py_CLEAR(self->steady_forward);
+    Py_CLEAR(self->steady_loss);
+    Py_CLEAR(self->module_calls);
+    Py_CLEAR(self->found);
+    Py_CLEAR(self->open_blocks);
+    Py_CLEAR(self->driven);
+    return 0;
+}
+
+static void
+auto_state_dealloc(AutoStateObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    auto_state_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject AutoStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepwatch._speedups.AutoState",
+    .tp_doc = "The auto session's state read by every wrapped call (see stepwatch/_auto_calls.c).",
+    .tp_basicsize = sizeof(AutoStateObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_members = auto_state_members,
+    .tp_traverse = (traverseproc)auto_state_traverse,
+    .tp_clear = (inquiry)auto_state_clear,
+    .tp_dealloc = (destructor)auto_state_dealloc,
+};
+
+static PyObject *s_session, *s_optimizers, *s_name, *s_optimizer, *s_training, *s_outer, *s_by_name, *s_backward, *s_zero_grad, *s_enter, *s_exit,
+    *s_forward_stage, *s_loss_stage;
+
+/* 1: the session's loop runs on this thread and no auto block is open (``not busy and loop_thread ==
+ * get_ident()``); 0: not. */
+static int
+free_on_this_thread(AutoStateObject *session)
+{
+    if (session->busy || session->loop_thread == NULL || !PyLong_CheckExact(session->loop_thread)) {
+        return 0;
+    }
+    unsigned long ident = PyLong_AsUnsignedLong(session->loop_thread);
+    if (ident == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* an identity that is no unsigned long is no thread's */
+        return 0;
+    }
+    return ident == PyThread_get_thread_ident();
+}
+
+/* Whether a call of a no-argument function returns true: 1, 0, or -1. */
+static int
+call_is_true(PyObject *function)
+{
+    PyObject *value = PyObject_CallNoArgs(function);
+    if (value == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return truth;
+}
+
+/* The object a weak reference (or None) refers to: a new reference, or NULL (dead, or None). */
+static PyObject *
+referent(PyObject *reference)
+{
+    if (reference == NULL || reference == Py_None) {
+        return NULL;
+    }
+    PyObject *object = PyObject_CallNoArgs(reference);
+    if (object == Py_None) {
+        Py_CLEAR(object);
+    }
+    return object;
+}
+
+/* The stage of a module call known without module_stage: "forward" for the session's steady model called
+ * in training mode, "loss" for its steady loss module (borrowed; NULL with no exception: not known). */
+static PyObject *
+known_stage(AutoStateObject *session, PyObject *module)
+{
+    PyObject *stage = NULL;
+    PyObject *model = referent(session->steady_forward);
+    if (model == module) {
+        PyObject *training = PyObject_GetAttr(module, s_training);
+        int truth = training == NULL ? -1 : PyObject_IsTrue(training);
+        Py_XDECREF(training);
+        stage = truth > 0 ? s_forward_stage : NULL;
+    }
+    else if (!PyErr_Occurred()) {
+        PyObject *loss = referent(session->steady_loss);
+        stage = loss == module && loss != NULL ? s_loss_stage : NULL;
+        Py_XDECREF(loss);
+    }
+    Py_XDECREF(model);
+    return stage;
+}
+
+/* Whether the session's stopwatch is measuring (``sw.stacks.measuring is True``): 1, 0, or -1. */
+static int
+measuring(PyObject *sw)
+{
+    PyObject *stacks = PyObject_GetAttr(sw, s_stacks);
+    if (stacks == NULL) {
+        return -1;
+    }
+    PyObject *value = PyObject_GetAttr(stacks, s_measuring);
+    Py_DECREF(stacks);
+    if (value == NULL) {
+        return -1;
+    }
+    Py_DECREF(value);
+    return value == Py_True;
+}
+

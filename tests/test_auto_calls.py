@@ -1,0 +1,164 @@
+"""auto()'s wrappers in C (``_auto_calls.c``) and in Python (``_patches.py``): the same program records the same
+stages, counts and findings with either, its patched functions keep their names, signatures and behaviour, and
+a model under ``torch.compile`` keeps meeting the Python wrappers that dynamo can trace."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import subprocess
+
+import pytest
+import torch
+
+import stepwatch
+from stepwatch import _block_base, _patches
+
+from .conftest import PYTHON, subprocess_env
+
+PROGRAM = """
+import torch, stepwatch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+import stepwatch._patches as patches
+
+torch.manual_seed(0)
+class Flaky(nn.Module):  # raises in forward when told: the C wrapper passes the exception on, its block closed
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 2)))
+        self.fail = False
+    def forward(self, x):
+        if self.fail:
+            raise KeyError("flaky")
+        return self.body(x)
+class FlakySGD(torch.optim.SGD):  # raises in its step when told: the pre-step hook's block is left open
+    fail = False
+    def step(self, closure=None):
+        if self.fail:
+            raise ValueError("flaky step")
+        return super().step(closure)
+
+model, criterion = Flaky(), nn.CrossEntropyLoss()
+optimizer = FlakySGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8 * 16, 4), torch.randint(0, 2, (8 * 16,))), batch_size=8)
+stepwatch.auto()
+kinds = set()
+for step, (x, y) in enumerate(loader):
+    optimizer.zero_grad()
+    model.fail = step == 6
+    try:
+        loss = criterion(model(x), y)
+    except KeyError:
+        continue
+    loss.backward()
+    optimizer.fail = step == 9
+    try:
+        optimizer.step()
+    except ValueError:
+        pass
+    if step % 4 == 3:  # an evaluation inside the step, in eval mode and without grad
+        model.eval()
+        with torch.no_grad():
+            model(x)
+        model.train()
+    kinds.add(type(vars(Flaky).get("__call__")).__name__)
+for _ in range(5):  # no DataLoader: each optimizer step ends a step
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+summary = stepwatch.summary()
+for name, phase in sorted(summary.phases.items()):
+    print(name, phase.steps, sorted((path, stage.calls) for path, stage in phase.stages.items()))
+session = patches.session
+print(session.busy, session.open_blocks, session.training_blocks, session.backward_calls, session.zero_grads)
+print(session.found.describe())
+print("KINDS", sorted(kinds), type(torch.autograd.backward).__name__, type(optimizer.zero_grad).__name__)
+"""
+
+
+def run(pure: bool) -> list[str]:
+    env = subprocess_env()
+    env.pop("STEPWATCH_PURE_PYTHON", None)
+    if pure:
+        env["STEPWATCH_PURE_PYTHON"] = "1"
+    result = subprocess.run([PYTHON, "-c", PROGRAM], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.splitlines()
+
+
+def test_the_compiled_wrappers_record_what_the_python_ones_do() -> None:
+    """Narrowed module calls, nested calls, a forward and an optimizer step that raise, evaluations inside
+    steps and a loop without a DataLoader: the same stages, steps, counts and findings either way."""
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+    compiled, pure = run(pure=False), run(pure=True)
+    assert compiled[-1] == "KINDS ['AutoCall', 'NoneType'] AutoCall method"  # learning (none), then narrowed: C
+    assert pure[-1] == "KINDS ['NoneType', 'function'] function method"
+    assert compiled[:-1] == pure[:-1]
+    train = next(line for line in compiled if line.startswith("train "))
+    # 15 steps of the DataLoader (the first apart) and 3 ended by optimizer steps; the forward that raised is
+    # recorded (it ran until it raised), the optimizer step that raised is not (its block was left open)
+    assert "('step', 18)" in train and "('step/forward', 18)" in train and "('step/loss', 17)" in train
+    assert "('step/backward', 17)" in train and "('step/optimizer', 16)" in train
+    assert compiled[-3].startswith("0 [] ")  # no auto block left open, none counted as open
+    assert "val 4 [('step', 4), ('step/forward', 4), ('step/other', 4)]" in compiled  # the evaluations
+
+
+@pytest.fixture
+def auto() -> object:
+    stepwatch.auto()
+    yield _patches.session
+    stepwatch.auto(False)
+    stepwatch.disable()
+    stepwatch.reset()
+
+
+def test_the_compiled_wrappers_keep_the_originals_names_signatures_and_docs(auto: object) -> None:
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+    backward = torch.autograd.backward
+    assert type(backward).__name__ == "AutoCall"
+    original = backward.__wrapped__  # type: ignore[attr-defined]
+    assert backward.__name__ == "backward" and backward.__doc__ == original.__doc__  # type: ignore[attr-defined]
+    assert inspect.signature(backward) == inspect.signature(original)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    bound = optimizer.zero_grad  # bound as a function would be
+    assert type(bound.__func__).__name__ == "AutoCall" and bound.__self__ is optimizer
+    unpatched = functools.partial(bound.__func__.__wrapped__, optimizer)
+    assert inspect.signature(bound) == inspect.signature(unpatched)
+    optimizer.param_groups[0]["params"][0].grad = torch.ones(2)
+    optimizer.zero_grad()  # outside any loop: the original, called at once
+    assert optimizer.param_groups[0]["params"][0].grad is None
+
+
+def test_a_narrowed_class_stays_on_the_python_wrapper_once_torch_compile_has_compiled() -> None:
+    """dynamo traces the Python wrapper of a class called inside a compiled region; the C one would break
+    the graph there, so it is only used while nothing was compiled (an optimizer alone loads dynamo)."""
+    program = (
+        "import sys, torch, stepwatch\n"
+        "{prelude}\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "stepwatch.auto()\n"
+        "for (x,) in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(40, 4)), batch_size=4):\n"
+        "    model(x).sum().backward()\n"
+        "print(type(vars(torch.nn.Linear)['__call__']).__name__)\n"
+    )
+    outputs = []
+    compiling = "torch.compile(torch.nn.ReLU(), backend='eager')(torch.ones(2))"
+    for prelude in ("torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1).zero_grad()", compiling):
+        env = {k: v for k, v in subprocess_env().items() if k != "STEPWATCH_PURE_PYTHON"}
+        command = [PYTHON, "-c", program.format(prelude=prelude)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout.strip())
+    assert outputs == ["AutoCall" if _block_base.COMPILED else "function", "function"]
+
+
+def test_the_pure_python_switch_leaves_auto_in_python() -> None:
+    env = {**subprocess_env(), "STEPWATCH_PURE_PYTHON": "1"}
+    program = "import stepwatch._block_base as b, stepwatch._auto as a; print(b.AutoCall, a.AutoSession.__mro__[1])"
+    result = subprocess.run([PYTHON, "-c", program], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["None", "<class", "'object'>"]
