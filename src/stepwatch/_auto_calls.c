@@ -143,10 +143,7 @@ pre_step(AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
     int known = name == NULL || !PyDict_CheckExact(optimizers) ? -1 : PyDict_Contains(optimizers, name);
     Py_XDECREF(name);
     Py_XDECREF(optimizers);
-    PyObject *by_name = known != 1 ? NULL : PyObject_GetAttr(session->sw, s_by_name);
-    PyObject *block = by_name == NULL || !PyDict_CheckExact(by_name) ? NULL : PyDict_GetItemWithError(by_name, s_optimizer);
-    Py_XINCREF(block);
-    Py_XDECREF(by_name);
+    PyObject *block = known != 1 ? NULL : existing_block(session->sw, s_optimizer);
     if (block == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
@@ -211,7 +208,7 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     }
     Py_INCREF(session);
-    PyObject *result = NULL, *by_name = NULL, *block = NULL, *stage = NULL;
+    PyObject *result = NULL, *block = NULL, *stage = NULL;
     int free_here = free_on_this_thread(session);
     if (!free_here && self->kind != AUTO_BACKWARD) { /* backward counts every call: its wrapper's */
         result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
@@ -219,8 +216,7 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
     }
     if (free_here) {
         stage = common_stage(self, session, args, PyVectorcall_NARGS(nargsf));
-        by_name = stage == NULL ? NULL : PyObject_GetAttr(session->sw, s_by_name);
-        block = by_name == NULL || !PyDict_CheckExact(by_name) ? NULL : PyDict_GetItemWithError(by_name, stage);
+        block = stage == NULL ? NULL : existing_block(session->sw, stage);
     }
     if (PyErr_Occurred()) {
         goto done;
@@ -229,13 +225,11 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
         result = PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
         goto done;
     }
-    Py_INCREF(block);
     if (count_call(self, session) == 0) {
         result = call_in_block(self, session, block, args, nargsf, kwnames);
     }
-    Py_DECREF(block);
 done:
-    Py_XDECREF(by_name);
+    Py_XDECREF(block);
     Py_DECREF(session);
     return result;
 }

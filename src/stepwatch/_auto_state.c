@@ -177,3 +177,14 @@ measuring(PyObject *sw)
     return value == Py_True;
 }
 
+/* The stopwatch's block for ``stage`` (``sw._by_name[stage]``): a new reference; NULL where none was made yet
+ * (``timed()`` makes it, in the Python wrapper), with an exception set only on an error. */
+static PyObject *
+existing_block(PyObject *sw, PyObject *stage)
+{
+    PyObject *by_name = PyObject_GetAttr(sw, s_by_name);
+    PyObject *block = by_name == NULL || !PyDict_CheckExact(by_name) ? NULL : PyDict_GetItemWithError(by_name, stage);
+    Py_XINCREF(block);
+    Py_XDECREF(by_name);
+    return block;
+}
