@@ -3,6 +3,8 @@ pooled (``conclude``) and the drift between runs of one setting, which the best'
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from stepwatch._tune import conclude, plan
@@ -77,6 +79,25 @@ def test_the_persistent_variant_of_the_choice_is_weighed_again_on_the_runs_poole
     assert conclude(original, original, trials, []).best == persistent
     slower = [*trials[:2], trial(persistent, 6.0, 0.01, 0.1), trials[3]]
     assert conclude(original, original, slower, []).best == original  # slower beyond the noise: not chosen
+
+
+def test_the_persistent_variant_is_not_chosen_when_another_setting_beats_it_beyond_the_noise() -> None:
+    """CI's case: the choice (prefetch 8, 4.87 ± 0.3 ms) and its persistent variant (5.0 ms) are within each
+    other's noise, but prefetch 4 ran at 4.8 ms with little noise: faster than the persistent one beyond the
+    noise, so switching to it would recommend a setting slower than one measured. The choice stays."""
+    original, four, eight = Setting(0), Setting(1, 4), Setting(1, 8)
+    persistent = replace(eight, persistent_workers=True)
+    trials = [
+        trial(original, 8.0, 0.004),
+        trial(four, 4.8, 0.034, 0.02),
+        trial(eight, 4.87, 0.032, 0.4),
+        trial(persistent, 5.0, 0.016, 0.1),
+        trial(original, 8.0, 0.004),
+        trial(eight, 4.87, 0.032, 0.4),
+    ]
+    assert conclude(original, eight, trials, []).best == eight
+    close = [*trials[:3], trial(persistent, 4.82, 0.016, 0.1), *trials[4:]]
+    assert conclude(original, eight, close, []).best == persistent  # within everyone's noise: it starts faster
 
 
 def test_the_best_figure_carries_the_drift_seen_between_runs_of_one_setting() -> None:

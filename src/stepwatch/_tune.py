@@ -252,14 +252,17 @@ def plan(
 
 def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str], loader: str = "") -> Tuning:
     """The tuning: the search's choice, unless its runs pooled (its confirming run among them) do not beat the
-    original's beyond the noise."""
+    original's beyond the noise; its persistent variant instead when that starts an epoch faster, is within the
+    choice's noise and no other setting tried beats it beyond the noise."""
     confirming = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
     if chosen != original and not preferred(confirming.of(chosen), confirming.of(original)):
         chosen = original  # not confirmed: with its confirming run, it does not beat yours beyond the noise
     kept_workers = replace(chosen, persistent_workers=True)
     tried = {trial.setting for trial in trials}
     if kept_workers in tried - {chosen} and preferred(confirming.of(kept_workers), confirming.of(chosen)):
-        chosen = kept_workers  # pooled, the choice's runs and the persistent one's are within the noise
+        beaten = any(better(confirming.of(other), confirming.of(kept_workers)) for other in tried - {chosen})
+        if not beaten:  # pooled, within the choice's noise, and no other setting faster beyond the noise
+            chosen = kept_workers
     return Tuning(original, chosen, tuple(trials), tuple(kept), loader)
 
 
