@@ -10,6 +10,11 @@ stepwatch off, run in alternating order within each repeat, so that the machine'
 - one run of each with a device: the device test double of ``tests/fake_device.py`` with ``memory="stage"``
   (two memory reads per block; on a real GPU each ``memory_stats()`` read builds a dictionary).
 
+Each run is timed twice: over the whole run (the loop's start and end in it: the first batch, ``auto()``'s
+learning steps, which route every module call through Python) and over its steady state, from the end of step
+:data:`WARM_STEPS` to the end of the last step: what each further step of a long training pays. The targets
+are about the second; the first is printed beside it.
+
 Writes ``benchmarks/results/scaling.json`` and prints the tables. Figures are microseconds added per step.
 """
 
@@ -35,32 +40,51 @@ import stepwatch
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCHES = (16, 128, 1024)
 BLOCKS = {6: 2, 34: 16, 130: 64, 514: 256}  # module calls per step -> Linear+ReLU blocks
+WARM_STEPS = 5
+"""Steps before the steady state: the loop's first, and auto()'s learning steps (see ``_module_calls``)."""
+AfterStep = Callable[[int], None]
 
 
-def paired(ways: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Each way's median, and each non-plain way's median paired difference against ``plain`` (ns/step)."""
+def paired(ways: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dict[str, float]:
+    """Each way's medians (whole run and steady state), and each non-plain way's median paired differences
+    against ``plain`` (ns/step)."""
     for run in ways.values():  # warm every path once
         run()
-    times: dict[str, list[float]] = {way: [] for way in ways}
-    added: dict[str, list[float]] = {way: [] for way in ways if way != "plain"}
+    times: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
     names = list(ways)
     for repeat in range(repeats):
         order = names if repeat % 2 else list(reversed(names))
         this = {way: ways[way]() for way in order}
         for way in names:
             times[way].append(this[way])
-        for way in added:
-            added[way].append(this[way] - this["plain"])
         stepwatch.reset()
-    figures = {f"{way}_step_ns": statistics.median(values) for way, values in times.items()}
-    figures.update({f"{way}_added_ns": statistics.median(values) for way, values in added.items()})
+    figures = {}
+    for way, runs in times.items():
+        for span, key in (("run", "step_ns"), ("steady", "steady_step_ns")):
+            figures[f"{way}_{key}"] = statistics.median(run[span] for run in runs)
+            if way != "plain":
+                added = "added_ns" if span == "run" else "steady_added_ns"
+                figures[f"{way}_{added}"] = statistics.median(
+                    run[span] - plain[span] for run, plain in zip(runs, times["plain"], strict=True)
+                )
     return figures
 
 
-def per_step(loop: Callable[[], int]) -> float:
+def per_step(loop: Callable[[AfterStep], int]) -> dict[str, float]:
+    """Runs ``loop(after_step)`` once: its time per step over the whole run, and over its steady state (from
+    the end of step :data:`WARM_STEPS` to the end of the last step; ``after_step`` reads the clock after each
+    step, in every way alike)."""
+    marks: dict[int, int] = {}
+
+    def after_step(index: int) -> None:
+        marks[index] = time.perf_counter_ns()
+
     start = time.perf_counter_ns()
-    steps = loop()
-    return (time.perf_counter_ns() - start) / steps
+    steps = loop(after_step)
+    end = time.perf_counter_ns()
+    last = max(marks)
+    steady = (marks[last] - marks[WARM_STEPS - 1]) / (last - WARM_STEPS + 1)
+    return {"run": (end - start) / steps, "steady": steady}
 
 
 def loader_table(steps: int, repeats: int, workers: int) -> dict[str, dict[str, float]]:
@@ -72,13 +96,17 @@ def loader_table(steps: int, repeats: int, workers: int) -> dict[str, dict[str, 
             options.update(persistent_workers=True, multiprocessing_context="fork")
         plain_loader, watched_loader = DataLoader(data, **options), DataLoader(data, **options)
 
-        def plain(loader: DataLoader[Any] = plain_loader) -> int:
-            return sum(1 for _ in loader)
+        def plain(after_step: AfterStep, loader: DataLoader[Any] = plain_loader) -> int:
+            for index, _ in enumerate(loader):
+                after_step(index)
+            return len(loader)
 
-        def watched(loader: DataLoader[Any] = watched_loader) -> int:
+        def watched(after_step: AfterStep, loader: DataLoader[Any] = watched_loader) -> int:
             stepwatch.enable()
             try:
-                return sum(1 for _ in stepwatch.watch(loader))
+                for index, _ in enumerate(stepwatch.watch(loader)):
+                    after_step(index)
+                return len(loader)
             finally:
                 stepwatch.disable()
 
@@ -120,20 +148,21 @@ def by_hand(recorder: Any, training: Training, after_step: Callable[[int], None]
     return len(loader)
 
 
-def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], float]]:
+def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], dict[str, float]]]:
     """The plain loop, ``auto()`` over it, and the same stages by hand, on a model of ``blocks`` blocks."""
     training = build(blocks, steps)
     model, criterion, optimizer, loader = training
 
-    def plain() -> int:
-        for x, y in loader:
+    def plain(after_step: AfterStep) -> int:
+        for index, (x, y) in enumerate(loader):
             loss = criterion(model(x), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+            after_step(index)
         return len(loader)
 
-    def auto() -> float:
+    def auto() -> dict[str, float]:
         stepwatch.auto()
         try:
             return per_step(plain)
@@ -141,10 +170,10 @@ def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], float]]:
             stepwatch.auto(False)
             stepwatch.disable()
 
-    def hand() -> float:
+    def hand() -> dict[str, float]:
         stepwatch.enable()
         try:
-            return per_step(lambda: by_hand(stepwatch, training))
+            return per_step(lambda after_step: by_hand(stepwatch, training, after_step))
         finally:
             stepwatch.disable()
 
@@ -166,14 +195,21 @@ def device_run(steps: int, repeats: int) -> dict[str, float]:
     for memory in ("step", "stage"):
         sw = stepwatch.Stopwatch(device=FakeDevice(FakeClock()), memory=memory)
 
-        def loop(sw: stepwatch.Stopwatch = sw) -> int:
-            return by_hand(sw, training)
+        def loop(after_step: AfterStep, sw: stepwatch.Stopwatch = sw) -> int:
+            return by_hand(sw, training, after_step)
 
         sw.enable()
-        loop()
-        results[f"memory_{memory}_step_ns"] = statistics.median(per_step(loop) for _ in range(repeats))
+        loop(lambda index: None)
+        runs = [per_step(loop) for _ in range(repeats)]
+        results[f"memory_{memory}_step_ns"] = statistics.median(run["run"] for run in runs)
+        results[f"memory_{memory}_steady_step_ns"] = statistics.median(run["steady"] for run in runs)
         sw.disable()
     return results
+
+
+def added(figures: dict[str, float], way: str) -> str:
+    """A way's added µs per step: the steady state's, and the whole run's in parentheses."""
+    return f"{figures[f'{way}_steady_added_ns'] / 1e3:7.1f} ({figures[f'{way}_added_ns'] / 1e3:6.1f})"
 
 
 def main() -> None:
@@ -197,16 +233,14 @@ def main() -> None:
         "config": {"steps": args.steps, "repeats": args.repeats},
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print("watch(loader): µs added per step, by batch size")
+    print("watch(loader): µs added per step in the steady state (over the whole run), by batch size")
     for workers, table in result["watch_by_batch"].items():
-        row = "  ".join(f"{batch:>5}: {figures['watch_added_ns'] / 1e3:7.1f}" for batch, figures in table.items())
+        row = "  ".join(f"{batch:>5}: {added(figures, 'watch')}" for batch, figures in table.items())
         print(f"  {workers:10s} {row}")
-    print("auto() and by hand: µs added per step, by module calls per step")
+    print("auto() and by hand: µs added per step in the steady state (over the whole run), by module calls per step")
     for calls, figures in result["by_module_calls"].items():
-        auto, hand = figures["auto_added_ns"] / 1e3, figures["by_hand_added_ns"] / 1e3
-        print(
-            f"  {calls:>4} calls  auto {auto:8.1f}  by hand {hand:7.1f}  (plain {figures['plain_step_ns'] / 1e3:7.1f})"
-        )
+        auto, hand = added(figures, "auto"), added(figures, "by_hand")
+        print(f"  {calls:>4} calls  auto {auto}  by hand {hand}  (plain {figures['plain_steady_step_ns'] / 1e3:7.1f})")
     for name, value in result["device_double"].items():
         print(f"  device double, {name}: {value / 1e3:.1f} µs per step")
 

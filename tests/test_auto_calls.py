@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import stepwatch
-from stepwatch import _block_base, _patches
+from stepwatch import _block_base, _counters, _patches
+from stepwatch._tree import DROPPED
 
 from .conftest import PYTHON, subprocess_env
 
@@ -70,7 +71,7 @@ for _ in range(5):  # no DataLoader: each optimizer step ends a step
     optimizer.zero_grad()
 summary = stepwatch.summary()
 for name, phase in sorted(summary.phases.items()):
-    print(name, phase.steps, sorted((path, stage.calls) for path, stage in phase.stages.items()))
+    print(name, phase.steps, sorted((path, stage.calls) for path, stage in phase.stages.items()), phase.counters)
 session = patches.session
 print(session.busy, session.open_blocks, session.training_blocks, session.backward_calls, session.zero_grads)
 print(session.found.describe())
@@ -103,7 +104,8 @@ def test_the_compiled_wrappers_record_what_the_python_ones_do() -> None:
     assert "('step', 18)" in train and "('step/forward', 18)" in train and "('step/loss', 17)" in train
     assert "('step/backward', 17)" in train and "('step/optimizer', 16)" in train
     assert compiled[-3].startswith("0 [] ")  # no auto block left open, none counted as open
-    assert "val 4 [('step', 4), ('step/forward', 4), ('step/other', 4)]" in compiled  # the evaluations
+    assert "val 4 [('step', 4), ('step/forward', 4), ('step/other', 4)] {}" in compiled  # the evaluations
+    assert train.endswith("{'samples': 120}")  # 15 measured batches of 8 (the first step's apart)
 
 
 @pytest.fixture
@@ -162,3 +164,61 @@ def test_the_pure_python_switch_leaves_auto_in_python() -> None:
     result = subprocess.run([PYTHON, "-c", program], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["None", "<class", "'object'>"]
+
+
+def counted(add: object) -> list[tuple[object, int]]:
+    """``add(sw, 8)`` at each moment a sample count can come: (the train phase's samples, its count calls)."""
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    seen: list[tuple[object, int]] = []
+
+    def count(size: int = 8) -> None:
+        add(sw, size)  # type: ignore[operator]
+        phase = sw.tree.phases.get("train")
+        seen.append((phase.counters.get("samples") if phase else None, phase.count_calls if phase else 0))
+
+    loop = sw.timed_iter(range(6))
+    next(loop)
+    count()  # the one-off first step: its counts are apart
+    next(loop)
+    count()  # a measured step
+    count(3)
+    with sw.timed("inner"):
+        count()  # inside a block of the step
+    sw.tree.phases["train"].counters["samples"] = 1.5
+    count()  # a float counter
+    sw.tree.phases["train"].counters["samples"] = _counters.COUNTER_LIMIT
+    count()  # saturated: stays at the limit
+    del sw.tree.phases["train"].counters["samples"]
+    sw.disable()
+    count()  # not measuring
+    sw.enable()
+    next(loop)
+    count()  # measuring again
+    sw.stacks.thread_stack().append((None, DROPPED, 0))
+    count()  # inside a dropped step
+    sw.stacks.thread_stack().pop()
+    loop.close()
+    return seen
+
+
+def test_the_compiled_sample_count_adds_what_the_python_one_does() -> None:
+    """auto()'s count of a batch's samples, in C (``_counts.c``) and in Python, at every moment a count can
+    come: the first step, measured steps, a block, a float counter, a saturated one, switched off, a dropped
+    step."""
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+    assert _counters.add_samples is not _counters.python_add_samples
+    expected = [
+        (None, 0),
+        (8, 1),
+        (11, 2),
+        (19, 3),
+        (9.5, 4),
+        (_counters.COUNTER_LIMIT, 5),
+        (None, 5),
+        (8, 6),
+        (8, 6),
+    ]
+    assert counted(_counters.python_add_samples) == expected
+    assert counted(_counters.add_samples) == expected

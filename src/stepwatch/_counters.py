@@ -11,6 +11,7 @@ import logging
 import math
 import sys
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._constants import DEFAULT_PHASE
@@ -47,9 +48,9 @@ def add_counts(self: Stopwatch, **units: float) -> None:
             _add(self, phase.counters, unit, value)
 
 
-def add_samples(self: Stopwatch, size: int) -> None:
+def python_add_samples(self: Stopwatch, size: int) -> None:
     """``count(samples=size)`` for auto-instrumentation's loop, where ``size`` is a positive int already: no
-    keywords and no checks on the training loop's path."""
+    keywords and no checks on the training loop's path. :data:`add_samples` is this, or its common case in C."""
     phase = _measured_phase(self)
     if phase is not None:
         counters = phase.counters
@@ -100,3 +101,21 @@ def _warn_counter(self: Stopwatch, unit: str) -> None:
     if self not in _warned:
         _warned.add(self)
         logger.warning("stepwatch: counter %r passed %g and stays there", unit, COUNTER_LIMIT)
+
+
+def _compiled_add_samples() -> Callable[[Stopwatch, int], None] | None:
+    """The C implementation of :func:`python_add_samples` (``_counts.c``), where the speedups are built and on;
+    it hands every case but the common one to the Python function."""
+    from . import _block_base
+
+    if not _block_base.COMPILED:
+        return None
+    from ._speedups import add_samples as compiled  # type: ignore[import-not-found,unused-ignore]
+    from ._speedups import configure_counts  # type: ignore[import-not-found,unused-ignore]
+
+    configure_counts(DROPPED, DEFAULT_PHASE, COUNTER_LIMIT, python_add_samples)
+    return compiled  # type: ignore[no-any-return,unused-ignore]
+
+
+add_samples: Callable[[Stopwatch, int], None] = _compiled_add_samples() or python_add_samples
+"""auto()'s count of a batch's samples: :func:`python_add_samples`, or its common case in C."""

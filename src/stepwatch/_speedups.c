@@ -354,6 +354,7 @@ static PyTypeObject BlockBaseType = {
 
 #include "_auto_state.c"
 #include "_auto_calls.c"
+#include "_counts.c"
 
 static PyObject *
 configure(PyObject *Py_UNUSED(module), PyObject *fold)
@@ -372,6 +373,10 @@ configure(PyObject *Py_UNUSED(module), PyObject *fold)
 
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_O, "configure(fold): the buffer size at which a stage's measurements fold."},
+    {"configure_counts", (PyCFunction)(void (*)(void))configure_counts, METH_FASTCALL,
+     "configure_counts(dropped, default_phase, limit, fallback): what add_samples compares with, and hands on to."},
+    {"add_samples", (PyCFunction)(void (*)(void))add_samples, METH_FASTCALL,
+     "add_samples(sw, size): auto()'s count of a batch's samples (see stepwatch/_counts.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -396,7 +401,7 @@ PyInit__speedups(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&BlockBaseType) < 0) {
+    if (PyType_Ready(&BlockBaseType) < 0 || counts_ready() < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&speedups_module);
