@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
-from stepwatch import Stopwatch
+from stepwatch import Stopwatch, _block_base
 from stepwatch._self_cost import IN_SITU, block_ns, blocks_timed, operations, own_share
 
 from .conftest import FakeClock
@@ -42,7 +44,8 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
     assert blocks_timed(summary) == 11 * 4
     # and the boundaries of the 10 steps of the steady state (the first is a one-off)
     assert operations(summary) == {
-        "blocks": 44, "steps": 10, "patched calls": 0, "worker reports": 0, "count() calls": 0
+        "blocks": 44, "steps": 10, "patched calls": 0, "patched calls in C": 0, "worker reports": 0,
+        "count() calls": 0,
     }  # fmt: skip
     measured = sum(phase.measured_ns for phase in summary.phases.values())
     share = 54 * cost / measured
@@ -137,12 +140,24 @@ def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    counts = operations(stepwatch.summary())
-    # forward, loss, backward, zero_grad once and the optimizer twice, over 6 steps; dataset and collate wrappers;
-    # auto's loop, once a batch
-    assert counts["patched calls"] == 6 * 6 + 2 * 6 + 6
+    summary = stepwatch.summary()
+    counts = operations(summary)
+    # forward, loss, backward, zero_grad once and the optimizer twice, over 6 steps, from wrappers in C where
+    # they are built; dataset and collate wrappers; auto's loop, once a batch
+    in_c = summary.metadata["auto_in_c"]
+    assert in_c is _block_base.COMPILED
+    assert counts["patched calls in C"] == (6 * 6 if in_c else 0)
+    assert counts["patched calls"] == 2 * 6 + 6 + (0 if in_c else 6 * 6)
     # and the sample count of each step but the first (a one-off: neither its time nor its counts are measured)
     assert counts["count() calls"] == 5
+    # a wrapper in C is weighed at a fifth of an operation beyond the block it opens (counted among the blocks)
+    measured = sum(phase.measured_ns for phase in summary.phases.values())
+    operations_weighed = sum(counts.values()) - (0.8 * 6 * 6 if in_c else 0)
+    assert own_share(summary) == pytest.approx(operations_weighed * summary.metadata["block_ns"] / measured)
+    last = stepwatch.render(summary).rstrip().splitlines()[-1]
+    assert ("36 patched calls in C" in last and "a patched call in C at 20% of that" in last) is in_c, last
+    pure = replace(summary, metadata={**summary.metadata, "auto_in_c": False})  # saved by pure Python: all at 1
+    assert operations(pure)["patched calls"] == 2 * 6 + 6 + 6 * 6 and operations(pure)["patched calls in C"] == 0
 
 
 def test_count_calls_are_counted_kept_and_resumed(tmp_path: Path) -> None:
