@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from stepwatch._tune import conclude, plan
+from stepwatch._tune_plan import conclude, plan
 from stepwatch._tuning import Setting, Trial, Tuning
 
 

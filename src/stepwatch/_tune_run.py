@@ -2,7 +2,7 @@
 own training loop, then the program stopped.
 
 The program runs as ``stepwatch run`` runs it. Its first loop over a DataLoader (in the main thread) is fed, step
-after step, from new DataLoaders over the same dataset with the settings the search (``_tune.plan``) asks for,
+after step, from new DataLoaders over the same dataset with the settings the search (``_tune_plan.plan``) asks for,
 ``--steps`` batches each after each one's first batch; the program's own step body runs on every batch, so each
 setting's time per step is the wait for its batch plus the program's step. When the search is done, the table and
 the recommendation are printed (stderr), saved with ``-o``, and the program is stopped as ``--stop`` stops it
@@ -20,7 +20,8 @@ from typing import Any
 
 from ._patches import Patches
 from ._runner import check_program, run_program, split
-from ._tune import STEPS, Rebuilder, conclude, plan, trial_batches
+from ._tune import STEPS, Rebuilder, trial_batches
+from ._tune_plan import conclude, plan
 from ._tuning import Trial, Tuning
 from ._window_end import StoppedByStepwatch
 

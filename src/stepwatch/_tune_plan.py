@@ -1,0 +1,132 @@
+"""The tuning's decisions, apart from running anything: which setting to try next (``plan``, a generator sent
+each trial), when one beats another beyond the noise (``better``, ``preferred``) and the last word on the runs
+pooled (``conclude``). ``_tune`` runs the trials they ask for; ``tests/test_tune_decisions.py`` drives them with
+trials of known times.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from dataclasses import replace
+
+from ._tuning import Setting, Trial, Tuning
+
+CONFIRMATIONS = 3
+"""Rounds of confirmation at most: a setting that its confirmation leaves behind another is confirmed in turn."""
+PREFETCH = (4, 8)
+"""``prefetch_factor`` values tried beside torch's default (2), for the best number of workers."""
+
+
+def better(candidate: Trial, best: Trial) -> bool:
+    """Faster by more than the noise of either (and by more than a nanosecond: equal times pooled differently
+    differ in their last bits)."""
+    return best.per_step - candidate.per_step > max(candidate.noise, best.noise, 1e-9)
+
+
+def preferred(candidate: Trial, incumbent: Trial) -> bool:
+    """Faster per step beyond the noise; or, for the same setting with persistent workers, starting an epoch
+    faster with the two times per step within each other's noise (persistence changes nothing between epochs:
+    a difference there is chance, unless the two intervals do not even touch)."""
+    if candidate.setting == replace(incumbent.setting, persistent_workers=True) != incumbent.setting:
+        slower = candidate.per_step - incumbent.per_step > candidate.noise + incumbent.noise
+        return candidate.epoch_start_s < incumbent.epoch_start_s and not slower
+    return better(candidate, incumbent)
+
+
+def plan(
+    original: Setting, max_workers: int | None = None, pin_memory: bool | None = None, map_style: bool = True
+) -> Generator[Setting, Trial, Setting]:
+    """The search, as a generator: it yields the next setting to try and is sent its trial; it returns the
+    setting chosen. ``num_workers`` is climbed from 0 (for a ``map_style`` dataset: an IterableDataset shards
+    itself across its workers) until two settings in a row gain
+    nothing beyond the noise (past the CPU count, up to twice the cores, while the best workers leave the loop
+    waiting and are themselves seen waiting rather than computing), then ``prefetch_factor`` is tried for the
+    best, then, with an accelerator in use (``pin_memory``: the program's own pinning), the other pinning, then
+    persistent workers (chosen when an epoch starts faster with them and the steps are not slower beyond the
+    noise; for a ``map_style`` dataset, whose epoch a trial can end); then the original and the best are run once
+    more."""
+    cores = os.cpu_count() or 1
+    limit = max_workers if max_workers is not None else cores
+    best = yield original
+    history = [best]
+    tried = {original}
+    workers, misses, extended = -1, 0, max_workers is not None
+    while map_style and misses < 2:
+        workers = _next_workers(workers)
+        if workers > limit:
+            if extended or best.setting.num_workers != limit or not _waiting(best):
+                break
+            limit, extended = 2 * cores + 2, True  # the best workers still leave the loop waiting: more than cores
+        setting = Setting(workers)
+        if setting in tried:
+            continue
+        tried.add(setting)
+        trial = yield setting
+        history.append(trial)
+        if better(trial, best):
+            best, misses = trial, 0
+        elif workers > best.setting.num_workers:  # fewer workers than the best so far: no step past it
+            misses += 1
+    if best.setting.num_workers:
+        for factor in PREFETCH:
+            setting = Setting(best.setting.num_workers, factor)
+            if setting not in tried:
+                tried.add(setting)
+                trial = yield setting
+                history.append(trial)
+                if better(trial, best):
+                    best = trial
+    if pin_memory is not None:
+        setting = replace(best.setting, pin_memory=not pin_memory)
+        trial = yield setting
+        history.append(trial)
+        if better(trial, best):
+            best = trial
+    if map_style and best.setting.num_workers and not best.setting.persistent_workers:
+        setting = replace(best.setting, persistent_workers=True)
+        if setting not in tried:
+            trial = yield setting
+            history.append(trial)
+            if preferred(trial, best):
+                best = trial
+    confirmed = False
+    for _ in range(CONFIRMATIONS):
+        pool = Tuning(original, best.setting, tuple(history))
+        fastest = min((pool.of(s) for s in dict.fromkeys(t.setting for t in history)), key=lambda t: t.per_step)
+        if fastest.setting != best.setting and better(fastest, pool.of(best.setting)):
+            best = fastest  # pooled, faster than the choice beyond the noise: the one to confirm now
+        elif confirmed:
+            break
+        history.append((yield original))  # confirm: the original and the best once more
+        if best.setting != original:
+            history.append((yield best.setting))  # the best's figure is this run of its own
+        confirmed = True
+    return best.setting
+
+
+def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str], loader: str = "") -> Tuning:
+    """The tuning: the search's choice, unless its runs pooled (its confirming run among them) do not beat the
+    original's beyond the noise; its persistent variant instead when that starts an epoch faster, is within the
+    choice's noise and no other setting tried beats it beyond the noise."""
+    confirming = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
+    if chosen != original and not preferred(confirming.of(chosen), confirming.of(original)):
+        chosen = original  # not confirmed: with its confirming run, it does not beat yours beyond the noise
+    kept_workers = replace(chosen, persistent_workers=True)
+    tried = {trial.setting for trial in trials}
+    if kept_workers in tried - {chosen} and preferred(confirming.of(kept_workers), confirming.of(chosen)):
+        beaten = any(better(confirming.of(other), confirming.of(kept_workers)) for other in tried - {chosen})
+        if not beaten:  # pooled, within the choice's noise, and no other setting faster beyond the noise
+            chosen = kept_workers
+    return Tuning(original, chosen, tuple(trials), tuple(kept), loader)
+
+
+def _next_workers(workers: int) -> int:
+    """0, 1, 2, 3, 4, 6, 9, 13, ...: one by one up to 4, then by half again."""
+    return workers + 1 if workers < 4 else workers + workers // 2
+
+
+def _waiting(trial: Trial) -> bool:
+    """Whether the loop still waits for data with that many workers while they wait rather than compute (on
+    reads: busy under half their time; a worker that computes while the loop waits is on a CPU nearly always)."""
+    return trial.wait_share > 0.05 and (trial.workers_busy is None or trial.workers_busy < 0.5)
