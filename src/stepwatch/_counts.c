@@ -46,7 +46,7 @@ measured_phase(PyObject *sw, PyObject *tree)
         Py_XDECREF(stack);
         return NULL;
     }
-    PyObject *top = PyList_GET_SIZE(stack) ? PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) : NULL;
+    PyObject *top = top_of(stack); /* an empty stack: IndexError, as ``stack[-1]`` raises in Python */
     PyObject *node = top != NULL ? frame_item(top, 1) : NULL;
     int dropped = node == NULL || node == counts_dropped;
     Py_XDECREF(node);

@@ -175,8 +175,8 @@ def operations(summary: Summary) -> dict[str, int]:
     counters (auto's sample count among them). Where auto's wrappers ran in C (``metadata.auto_in_c``), the
     calls of theirs that open a block are ``patched calls in C``, which :func:`own_share` weighs at
     :data:`PATCHED_IN_C_WEIGHT`."""
-    counts = {"blocks": 0, "steps": 0, "patched calls": 0, "patched calls in C": 0, "worker reports": 0}
-    counts["count() calls"] = 0
+    kinds = ("blocks", "steps", "patched calls", "patched calls in C", "worker reports", "count() calls")
+    counts = dict.fromkeys(kinds, 0)
     auto = summary.metadata.get("auto") is not None
     wrappers = "patched calls in C" if summary.metadata.get("auto_in_c") is True else "patched calls"
     for phase in summary.phases.values():
