@@ -168,7 +168,7 @@ measuring(PyObject *sw)
     if (stacks == NULL) {
         return -1;
     }
-    PyObject *value = PyObject_GetAttr(stacks, s_measuring);
+    PyObject *value = slot_get(stacks, &slot_measuring);
     Py_DECREF(stacks);
     if (value == NULL) {
         return -1;

@@ -8,9 +8,10 @@
  * to the Python function, which does what it always did.
  */
 
-static PyObject *s_phases, *s_phase, *s_in_first_step, *s_count_lock, *s_count_calls, *s_counters, *s_samples,
+static PyObject *s_phases, *s_phase, *s_count_lock, *s_samples,
     *s_acquire, *s_release, *s_dict;
-static PyObject *counts_dropped, *counts_default_phase, *counts_limit, *counts_fallback, *one;
+static PyObject *counts_dropped, *counts_default_phase, *counts_limit, *counts_lowest, *counts_fallback, *one;
+static double counts_limit_value;
 
 /* configure_counts(dropped, default_phase, limit, fallback): the Python side's constants and function. */
 static PyObject *
@@ -21,6 +22,17 @@ configure_counts(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     PyObject **slots[] = {&counts_dropped, &counts_default_phase, &counts_limit, &counts_fallback};
+    PyObject *lowest = PyNumber_Negative(args[2]);
+    if (lowest == NULL) {
+        return NULL;
+    }
+    double limit = PyFloat_AsDouble(args[2]);
+    if (limit == -1.0 && PyErr_Occurred()) {
+        Py_DECREF(lowest);
+        return NULL;
+    }
+    counts_limit_value = limit;
+    Py_XSETREF(counts_lowest, lowest);
     for (Py_ssize_t i = 0; i < 4; i++) {
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
@@ -28,20 +40,32 @@ configure_counts(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* ``local.__dict__``, the thread-local's values for this thread: a new reference, read once per stack cached. */
+static PyObject *
+thread_values(PyObject *local)
+{
+    int cacheable = local == cached_local && cached_thread != NULL && PyThreadState_GetDict() == cached_thread;
+    if (cacheable && cached_values != NULL) {
+        Py_INCREF(cached_values);
+        return cached_values;
+    }
+    PyObject *values = PyObject_GetAttr(local, s_dict);
+    if (values != NULL && cacheable) {
+        Py_INCREF(values);
+        Py_XSETREF(cached_values, values);
+    }
+    return values;
+}
+
 /* The phase being measured on this thread (a new reference), or NULL with no exception for every
  * case the Python function handles itself (not measuring, a dropped step, a phase not made yet). */
 static PyObject *
-measured_phase(PyObject *sw, PyObject *tree)
+measured_phase(PyObject *stacks, PyObject *tree)
 {
-    PyObject *stacks = PyObject_GetAttr(sw, s_stacks);
-    if (stacks == NULL) {
-        return NULL;
-    }
-    PyObject *measuring = PyObject_GetAttr(stacks, s_measuring);
+    PyObject *measuring = slot_get(stacks, &slot_measuring);
     PyObject *stack = measuring == Py_True ? thread_stack(stacks) : NULL;
     Py_XDECREF(measuring);
-    PyObject *local = stack != NULL ? PyObject_GetAttr(stacks, s_local) : NULL;
-    Py_DECREF(stacks);
+    PyObject *local = stack != NULL ? slot_get(stacks, &slot_local) : NULL;
     if (local == NULL) {
         Py_XDECREF(stack);
         return NULL;
@@ -51,7 +75,7 @@ measured_phase(PyObject *sw, PyObject *tree)
     int dropped = node == NULL || node == counts_dropped;
     Py_XDECREF(node);
     Py_DECREF(stack);
-    PyObject *values = dropped ? NULL : PyObject_GetAttr(local, s_dict);
+    PyObject *values = dropped ? NULL : thread_values(local);
     Py_DECREF(local);
     if (values == NULL || !PyDict_CheckExact(values)) {
         Py_XDECREF(values);
@@ -71,51 +95,102 @@ measured_phase(PyObject *sw, PyObject *tree)
     return phase;
 }
 
-/* ``phase.count_calls += 1`` and ``counters["samples"] += size`` below the limit; 1: done, 0: the Python
- * function is to do it, -1: an exception. Called with the counters' lock held. */
+/* Whether a counter's new total is within the limits (``-COUNTER_LIMIT <= total <= COUNTER_LIMIT``): 1, 0, or -1
+ * with an exception. */
 static int
-add_to_phase(PyObject *phase, PyObject *size)
+within_limits(PyObject *total)
 {
-    PyObject *counters = PyObject_GetAttr(phase, s_counters);
+    if (PyFloat_CheckExact(total)) {
+        double value = PyFloat_AS_DOUBLE(total);
+        return value <= counts_limit_value && value >= -counts_limit_value;
+    }
+    if (PyLong_CheckExact(total)) {
+        int overflow;
+        long long value = PyLong_AsLongLongAndOverflow(total, &overflow);
+        if (value == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        if (!overflow) { /* (a float's limit is far beyond any 64-bit int) */
+            return 1;
+        }
+    }
+    int below = PyObject_RichCompareBool(total, counts_limit, Py_LE);
+    int above = below == 1 ? PyObject_RichCompareBool(total, counts_lowest, Py_GE) : 1;
+    return below < 0 || above < 0 ? -1 : below && above;
+}
+
+#define MAX_UNITS 8 /* units counted in C at once; a count() of more goes to the Python function */
+
+/* ``phase.count_calls += 1`` and ``counters[unit] += value`` for each of the ``n`` units, if every total stays
+ * within the limits; 1: done, 0: the Python function is to do it (nothing was changed), -1: an exception. Called
+ * with the counters' lock held; no Python code runs between the reads and the writes. */
+static int
+add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, Py_ssize_t n)
+{
+    PyObject *counters = slot_get(phase, &slot_counters);
     if (counters == NULL || !PyDict_CheckExact(counters)) {
         Py_XDECREF(counters);
         return counters == NULL ? -1 : 0;
     }
-    PyObject *before = PyDict_GetItemWithError(counters, s_samples); /* borrowed */
-    PyObject *total = before != NULL ? PyNumber_Add(before, size) : PyErr_Occurred() ? NULL : Py_NewRef(size);
-    int below = total != NULL ? PyObject_RichCompareBool(total, counts_limit, Py_LE) : -1;
-    if (below != 1) {
-        Py_XDECREF(total);
-        Py_DECREF(counters);
-        return below;
+    PyObject *totals[MAX_UNITS];
+    Py_ssize_t made = 0;
+    int result = 1;
+    while (result == 1 && made < n) {
+        PyObject *before = PyDict_GetItemWithError(counters, units[made]); /* borrowed */
+        if (before == NULL && PyErr_Occurred()) {
+            result = -1;
+            break;
+        }
+        PyObject *total = before != NULL ? PyNumber_Add(before, values[made]) : Py_NewRef(values[made]);
+        if (total == NULL) { /* (an int past a float's range): as the Python function handles it */
+            PyErr_Clear();
+            result = 0;
+            break;
+        }
+        totals[made++] = total;
+        result = within_limits(total);
     }
-    PyObject *calls = PyObject_GetAttr(phase, s_count_calls);
-    PyObject *more = calls != NULL ? PyNumber_Add(calls, one) : NULL;
-    Py_XDECREF(calls);
-    int failed = more == NULL || PyObject_SetAttr(phase, s_count_calls, more) < 0 ||
-                 PyDict_SetItem(counters, s_samples, total) < 0;
-    Py_XDECREF(more);
-    Py_DECREF(total);
+    if (result == 1) {
+        PyObject *calls = slot_get(phase, &slot_count_calls);
+        PyObject *more = calls != NULL ? PyNumber_Add(calls, one) : NULL;
+        Py_XDECREF(calls);
+        result = more != NULL && slot_set(phase, &slot_count_calls, more) == 0 ? 1 : -1;
+        Py_XDECREF(more);
+        for (Py_ssize_t i = 0; result == 1 && i < n; i++) {
+            result = PyDict_SetItem(counters, units[i], totals[i]) < 0 ? -1 : 1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < made; i++) {
+        Py_DECREF(totals[i]);
+    }
     Py_DECREF(counters);
-    return failed ? -1 : 1;
+    return result;
 }
 
-/* add_samples(sw, size): ``count(samples=size)`` for auto()'s loop, ``size`` a positive int. */
-static PyObject *
-add_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+/* Adds ``values`` to the counters named ``units`` of the phase measured on this thread: 1, done; 0, the Python
+ * function is to do it (nothing was changed); -1, an exception. The counters' lock (in situ, a 3 us acquire) is
+ * taken only while a Python writer holds it (``phase.counting``). */
+static int
+count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *const *values, Py_ssize_t n)
 {
-    if (nargs != 2 || counts_fallback == NULL) {
-        PyErr_SetString(PyExc_TypeError, "add_samples(sw, size), after configure_counts()");
-        return NULL;
+    PyObject *phase = measured_phase(stacks, tree);
+    PyObject *first = phase != NULL ? slot_get(phase, &slot_in_first_step) : NULL;
+    PyObject *writers = first == Py_False ? slot_get(phase, &slot_counting) : NULL;
+    if (writers != NULL && PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0) {
+        /* no Python writer is between its read and its write (they count themselves in under the lock): this
+         * update, with no Python code and so no other thread running in it, needs no lock of its own */
+        int done = add_to_phase(phase, units, values, n);
+        Py_DECREF(writers);
+        Py_DECREF(first);
+        Py_DECREF(phase);
+        return done;
     }
-    PyObject *tree = PyObject_GetAttr(args[0], s_tree);
-    PyObject *phase = tree != NULL ? measured_phase(args[0], tree) : NULL;
-    PyObject *first = phase != NULL ? PyObject_GetAttr(phase, s_in_first_step) : NULL;
+    Py_XDECREF(writers);
     PyObject *lock = first == Py_False ? PyObject_GetAttr(tree, s_count_lock) : NULL;
     PyObject *held = lock != NULL ? PyObject_CallMethodNoArgs(lock, s_acquire) : NULL;
     int done = 0;
     if (held != NULL) {
-        done = add_to_phase(phase, args[1]);
+        done = add_to_phase(phase, units, values, n);
         PyObject *type = NULL, *value = NULL, *traceback = NULL;
         if (done < 0) {
             PyErr_Fetch(&type, &value, &traceback); /* the count's own error is the one raised */
@@ -136,15 +211,129 @@ add_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_XDECREF(lock);
     Py_XDECREF(first);
     Py_XDECREF(phase);
+    return done == 0 && PyErr_Occurred() ? -1 : done;
+}
+
+/* add_samples(sw, size): ``count(samples=size)`` for auto()'s loop, ``size`` a positive int. */
+static PyObject *
+add_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || counts_fallback == NULL) {
+        PyErr_SetString(PyExc_TypeError, "add_samples(sw, size), after configure_counts()");
+        return NULL;
+    }
+    PyObject *tree = PyObject_GetAttr(args[0], s_tree);
+    PyObject *stacks = tree != NULL ? PyObject_GetAttr(args[0], s_stacks) : NULL;
+    int done = stacks != NULL ? count_units(stacks, tree, &s_samples, &args[1], 1) : -1;
+    Py_XDECREF(stacks);
     Py_XDECREF(tree);
     if (done == 1) {
         Py_RETURN_NONE;
     }
-    if (PyErr_Occurred()) {
+    if (done < 0) {
         return NULL;
     }
     return PyObject_Vectorcall(counts_fallback, args, 2, NULL); /* every other case, as it always was */
 }
+
+/* ``sw.count(**units)`` (stepwatch._counters.counter): add_counts' common case in C, where every value is an int
+ * or a finite float and the phase measured on this thread is under way; every other case calls add_counts. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *sw;       /* the stopwatch: its stacks and tree read at each call (its state may be lent) */
+    PyObject *fallback; /* add_counts bound to the stopwatch */
+} CounterObject;
+
+static PyObject *
+counter_call(CounterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    int plain = PyVectorcall_NARGS(nargsf) == 0 && n > 0 && n <= MAX_UNITS && counts_limit != NULL;
+    for (Py_ssize_t i = 0; plain && i < n; i++) {
+        PyObject *value = args[i];
+        plain = PyUnicode_CheckExact(PyTuple_GET_ITEM(kwnames, i)) &&
+                (PyLong_CheckExact(value) || (PyFloat_CheckExact(value) && isfinite(PyFloat_AS_DOUBLE(value))));
+    }
+    if (plain) {
+        PyObject *stacks = PyObject_GetAttr(self->sw, s_stacks);
+        PyObject *measuring = stacks != NULL ? slot_get(stacks, &slot_measuring) : NULL;
+        int on = measuring != NULL ? PyObject_IsTrue(measuring) : -1;
+        Py_XDECREF(measuring);
+        PyObject *tree = on == 1 ? PyObject_GetAttr(self->sw, s_tree) : NULL;
+        int done = on <= 0 ? on : tree != NULL ? count_units(stacks, tree, &PyTuple_GET_ITEM(kwnames, 0), args, n) : -1;
+        Py_XDECREF(tree);
+        Py_XDECREF(stacks);
+        if (done < 0) {
+            return NULL;
+        }
+        if (done == 1 || on == 0) {
+            Py_RETURN_NONE; /* counted, or not measuring: counted nowhere, as in add_counts */
+        }
+    }
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *
+counter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *sw, *fallback;
+    if (!PyArg_ParseTuple(args, "OO:Counter", &sw, &fallback)) {
+        return NULL;
+    }
+    CounterObject *self = (CounterObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->vectorcall = (vectorcallfunc)counter_call;
+    self->sw = Py_NewRef(sw);
+    self->fallback = Py_NewRef(fallback);
+    return (PyObject *)self;
+}
+
+static int
+counter_traverse(CounterObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->sw);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int
+counter_clear(CounterObject *self)
+{
+    Py_CLEAR(self->sw);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void
+counter_dealloc(CounterObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    counter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+counter_repr(CounterObject *self)
+{
+    return PyUnicode_FromFormat("<compiled %R>", self->fallback);
+}
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepwatch._speedups.Counter",
+    .tp_doc = "Counter(stopwatch, add_counts bound to it): count()'s common case in C.",
+    .tp_basicsize = sizeof(CounterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(CounterObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = counter_new,
+    .tp_traverse = (traverseproc)counter_traverse,
+    .tp_clear = (inquiry)counter_clear,
+    .tp_dealloc = (destructor)counter_dealloc,
+    .tp_repr = (reprfunc)counter_repr,
+};
 
 /* Interns the attribute names above; 0, or -1 with an exception. */
 static int
@@ -154,8 +343,7 @@ counts_ready(void)
         PyObject **slot;
         const char *text;
     } names[] = {
-        {&s_phases, "phases"}, {&s_phase, "phase"}, {&s_in_first_step, "in_first_step"},
-        {&s_count_lock, "count_lock"}, {&s_count_calls, "count_calls"}, {&s_counters, "counters"},
+        {&s_phases, "phases"}, {&s_phase, "phase"}, {&s_count_lock, "count_lock"},
         {&s_samples, "samples"}, {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_dict, "__dict__"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -164,6 +352,21 @@ counts_ready(void)
         }
     }
     if (one == NULL && (one = PyLong_FromLong(1)) == NULL) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Adds the Counter type to the module: 0, or -1 with an exception. */
+static int
+counts_add_types(PyObject *module)
+{
+    if (PyType_Ready(&CounterType) < 0) {
+        return -1;
+    }
+    Py_INCREF(&CounterType);
+    if (PyModule_AddObject(module, "Counter", (PyObject *)&CounterType) < 0) {
+        Py_DECREF(&CounterType);
         return -1;
     }
     return 0;

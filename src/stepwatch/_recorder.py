@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ._blocks import Block, Blocks, check_loop_names, check_name
 from ._compile import CompileWatch
-from ._counters import add_counts
+from ._counters import add_counts, counter
 from ._dataloader.reports import WorkerSide
 from ._dataloader.watch import WatchedLoader
 from ._device import DeviceTimer
@@ -142,6 +142,7 @@ class Stopwatch(Results):
         self._blocks = Blocks(self)
         self._by_name = self._blocks.by_name  # a handle for timed()'s hot path (never rebound)
         self.stacks = ThreadStacks(self.tree, self.span, self.auto_hooks, self._blocks)
+        self.__dict__["count"] = counter(self)  # count(), bound: its common case in C where compiled
         self.periodic = PeriodicCalls()
         self.loops = OpenLoops()
         self.workers = WorkerSide(self, self._set_timeline)

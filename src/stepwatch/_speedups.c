@@ -22,21 +22,23 @@ typedef struct {
 
 static Py_ssize_t fold_at = 1024; /* set by configure() to stepwatch._constants.FOLD */
 
-static PyObject *s_stacks, *s_measuring, *s_hot, *s_local, *s_stack, *s_children, *s_tree, *s_add_child,
-    *s_thread_stack, *s_track, *s_buf, *s_fold, *s_unwind, *s_get;
+static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
+    *s_thread_stack, *s_track, *s_fold, *s_unwind, *s_get;
+
+#include "_slots.c"
 
 /* The last stack found, and what it was found for: a ``stacks.local`` object and a thread (its state's
  * dictionary). Both are held, so that neither can be freed and another object take its address while cached:
  * a switch replaces ``stacks.local`` (a new object, so a miss), and a thread that ends leaves its dictionary
  * here, never to be matched by a new thread's. A thread-local's attribute costs about 450 instructions to read;
- * this check, a few. */
-static PyObject *cached_local, *cached_thread, *cached_stack;
+ * this check, a few. ``cached_values`` is the local's ``__dict__`` for that thread, once read (count()). */
+static PyObject *cached_local, *cached_thread, *cached_stack, *cached_values;
 
 /* This thread's stack of open frames: ``stacks.local.stack``, made by ``stacks.thread_stack()`` on first use. */
 static PyObject *
 thread_stack(PyObject *stacks)
 {
-    PyObject *local = PyObject_GetAttr(stacks, s_local);
+    PyObject *local = slot_get(stacks, &slot_local);
     if (local == NULL) {
         return NULL;
     }
@@ -63,7 +65,9 @@ thread_stack(PyObject *stacks)
         Py_DECREF(local);
         return stack;
     }
-    PyObject *old_local = cached_local, *old_thread = cached_thread, *old_stack = cached_stack;
+    PyObject *old_local = cached_local, *old_thread = cached_thread, *old_stack = cached_stack,
+             *old_values = cached_values;
+    cached_values = NULL; /* the local's values for this thread: read again on next use */
     cached_local = local; /* the reference taken above */
     Py_INCREF(thread);
     cached_thread = thread;
@@ -72,6 +76,7 @@ thread_stack(PyObject *stacks)
     Py_XDECREF(old_local); /* last: freeing them may run Python code */
     Py_XDECREF(old_thread);
     Py_XDECREF(old_stack);
+    Py_XDECREF(old_values);
     return stack;
 }
 
@@ -103,7 +108,7 @@ top_of(PyObject *stack)
 static PyObject *
 child_node(BlockObject *self, PyObject *parent)
 {
-    PyObject *children = PyObject_GetAttr(parent, s_children);
+    PyObject *children = slot_get(parent, &slot_children);
     if (children == NULL) {
         return NULL;
     }
@@ -134,12 +139,12 @@ child_node(BlockObject *self, PyObject *parent)
 static PyObject *
 block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *stacks = PyObject_GetAttr(self->sw, s_stacks);
+    PyObject *stacks = PyObject_GetAttr(self->sw, s_stacks); /* (a lent state is read there) */
     if (stacks == NULL) {
         return NULL;
     }
     PyObject *result = NULL, *measuring = NULL, *stack = NULL, *parent = NULL, *node = NULL, *start = NULL;
-    measuring = PyObject_GetAttr(stacks, s_measuring);
+    measuring = slot_get(stacks, &slot_measuring);
     if (measuring == NULL) {
         goto done;
     }
@@ -171,7 +176,7 @@ block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
         }
     }
     else {
-        Py_SETREF(measuring, PyObject_GetAttr(stacks, s_measuring)); /* read again: it may have changed since */
+        Py_SETREF(measuring, slot_get(stacks, &slot_measuring)); /* read again: it may have changed since */
         if (measuring == NULL) {
             goto done;
         }
@@ -199,7 +204,7 @@ done:
 static int
 record(PyObject *stacks, PyObject *node, PyObject *elapsed)
 {
-    PyObject *buf = PyObject_GetAttr(node, s_buf);
+    PyObject *buf = slot_get(node, &slot_buf);
     if (buf == NULL) {
         return -1;
     }
@@ -235,13 +240,13 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "__exit__ expected 3 arguments, got %zd", nargs);
         return NULL;
     }
-    PyObject *stacks = PyObject_GetAttr(self->sw, s_stacks);
+    PyObject *stacks = PyObject_GetAttr(self->sw, s_stacks); /* (a lent state is read there) */
     if (stacks == NULL) {
         return NULL;
     }
     PyObject *result = NULL, *hot = NULL, *end = NULL, *stack = NULL, *frame = NULL, *node = NULL, *start = NULL,
              *elapsed = NULL;
-    hot = PyObject_GetAttr(stacks, s_hot);
+    hot = slot_get(stacks, &slot_hot);
     if (hot == NULL) {
         goto done;
     }
@@ -377,6 +382,8 @@ static PyMethodDef module_methods[] = {
      "configure_counts(dropped, default_phase, limit, fallback): what add_samples compares with, and hands on to."},
     {"add_samples", (PyCFunction)(void (*)(void))add_samples, METH_FASTCALL,
      "add_samples(sw, size): auto()'s count of a batch's samples (see stepwatch/_counts.c)."},
+    {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,
+     "configure_slots(ThreadStacks, Node, Phase): where the hot path's slots are (see stepwatch/_slots.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -391,9 +398,8 @@ PyInit__speedups(void)
         PyObject **slot;
         const char *text;
     } names[] = {
-        {&s_stacks, "stacks"}, {&s_measuring, "measuring"}, {&s_hot, "hot"}, {&s_local, "local"},
-        {&s_stack, "stack"}, {&s_children, "children"}, {&s_tree, "tree"}, {&s_add_child, "add_child"},
-        {&s_thread_stack, "thread_stack"}, {&s_track, "track"}, {&s_buf, "buf"}, {&s_fold, "fold"},
+        {&s_stacks, "stacks"}, {&s_stack, "stack"}, {&s_tree, "tree"}, {&s_add_child, "add_child"},
+        {&s_thread_stack, "thread_stack"}, {&s_track, "track"}, {&s_fold, "fold"},
         {&s_unwind, "unwind"}, {&s_get, "get"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -401,7 +407,7 @@ PyInit__speedups(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&BlockBaseType) < 0 || counts_ready() < 0) {
+    if (PyType_Ready(&BlockBaseType) < 0 || counts_ready() < 0 || slots_ready() < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&speedups_module);
@@ -414,7 +420,7 @@ PyInit__speedups(void)
         Py_DECREF(module);
         return NULL;
     }
-    if (auto_calls_ready(module) < 0) {
+    if (auto_calls_ready(module) < 0 || counts_add_types(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -99,6 +99,7 @@ class Phase:
         "consuming",
         "count_calls",
         "counters",
+        "counting",
         "device_busy_ns",
         "device_caught_up",
         "device_idle_ns",
@@ -117,6 +118,7 @@ class Phase:
         self.root = Node("", window)
         self.workers: dict[int, WorkerTotals] = {}
         self.counters: dict[str, float] = {}
+        self.counting = 0  # Python writers of the counters now (under the count lock): C's writer then takes it
         self.clear()
 
     def clear(self) -> None:
