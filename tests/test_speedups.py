@@ -165,3 +165,26 @@ def test_a_thread_never_finds_the_stack_of_an_ended_thread_with_its_identity() -
     stages = sw.summary().phases["train"].stages
     assert stages["own"].calls == 2 and not any(path.startswith("left_open/") for path in stages)
     assert len(identities) == 3
+
+
+def test_a_block_reads_the_default_clock_as_time_perf_counter_ns_does() -> None:
+    """The compiled block reads ``time.perf_counter_ns`` (CLOCK_MONOTONIC on Linux) without calling it: its start
+    and end lie between two reads of the function, on the same time line; another clock is still called."""
+    import time
+
+    sw = Stopwatch()
+    sw.enable()
+    block = sw.timed("clocked")
+    before = time.perf_counter_ns()
+    block.__enter__()
+    start = sw.stacks.thread_stack()[-1][2]
+    block.__exit__(None, None, None)
+    after = time.perf_counter_ns()
+    elapsed = sw.tree.phases["train"].root.children["clocked"].buf[-1]
+    assert before <= start <= after and 0 <= elapsed <= after - before
+    ticks = iter(range(1000, 10**6, 1000))
+    counted = Stopwatch(clock=lambda: next(ticks))
+    counted.enable()
+    with counted.timed("ticked"):
+        pass
+    assert counted.tree.phases["train"].root.children["ticked"].buf[-1] == 1000

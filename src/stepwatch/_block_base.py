@@ -19,20 +19,22 @@ from ._constants import FOLD
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
+    from ._stacks import ThreadStacks
 
 
 class PythonBlockBase:
     """The Python implementation: a few attribute reads, two clock reads, a tuple and one list append."""
 
-    __slots__ = ("_clock", "_name", "_sw", "inside")
+    __slots__ = ("_clock", "_name", "_stacks", "_sw", "inside")
 
     _sw: Stopwatch
+    _stacks: ThreadStacks  # the stopwatch's, kept (see Blocks.follow_state)
     _name: str
     _clock: Callable[[], int]
     inside: list[int]
 
     def __enter__(self) -> None:
-        stacks = self._sw.stacks
+        stacks = self._stacks
         if stacks.measuring:
             try:
                 stack = stacks.local.stack
@@ -47,7 +49,7 @@ class PythonBlockBase:
             stacks.track(self)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        stacks = self._sw.stacks
+        stacks = self._stacks
         if stacks.hot:
             end = self._clock()
             try:

@@ -42,6 +42,7 @@ class Block(BlockBase):
 
     def __init__(self, stopwatch: Stopwatch, name: str) -> None:
         self._sw = stopwatch
+        self._stacks = stopwatch.stacks  # kept: read at every entry and exit (see Blocks.follow_state)
         self._name = name
         self._clock = stopwatch.clock
         self.inside = []
@@ -273,6 +274,15 @@ class Blocks:
         if self.dropping:
             self.dropping = False
             self._become(live_class(self._stopwatch))
+        self.follow_state()
+
+    def follow_state(self) -> None:
+        """The stopwatch's state was swapped whole (lent, given back, or shared in a worker: see
+        ``_default_instance``): every block made keeps the stacks it records into, so each is pointed at the
+        state's stacks now."""
+        stacks = self._stopwatch.stacks
+        for block in self.made:
+            block._stacks = stacks
 
     def _become(self, kind: type[Block]) -> None:
         for block in self.made:

@@ -43,9 +43,12 @@ def lent_to(other: Stopwatch) -> Iterator[None]:
         yield
     finally:
         default.__dict__ = own
+        own["_blocks"].follow_state()
 
 
 def share_state(watcher: Stopwatch) -> None:
     """In a forked DataLoader worker: the loader's watching stopwatch (the worker's copy of it) records into the
     worker's default stopwatch, so that blocks on either come back alike."""
+    own_blocks = watcher.__dict__["_blocks"]  # made before the fork: they record into the shared state too
     watcher.__dict__ = stopwatch.__dict__  # noqa: F821 (set by stepwatch/__init__)
+    own_blocks.follow_state()
