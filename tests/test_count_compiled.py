@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader, Dataset
 
 import stepwatch
 from stepwatch import _block_base, _counters
@@ -164,3 +165,33 @@ def test_the_compiled_count_waits_for_a_python_writer_holding_the_lock() -> None
     thread.join()
     assert phase.counters["samples"] == 11
     loop.close()
+
+
+class CountingReads(Dataset[int]):
+    """Counts its reads on the module-level stopwatch, as dataset code does."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> int:
+        stepwatch.count(reads=1)
+        return index
+
+
+def test_a_count_on_the_default_stopwatch_goes_where_its_state_is_lent() -> None:
+    """With 0 workers the default stopwatch (off) lends itself the watching one's state for each fetch: its
+    compiled count, which keeps the stacks and tree it counts into, follows there and back."""
+    sw = stepwatch.Stopwatch()
+    sw.enable()
+    for _ in sw.watch(DataLoader(CountingReads(), batch_size=2)):
+        pass
+    assert dict(sw.summary().phases["train"].counters) == {"reads": 10}
+    assert not stepwatch.summary().phases  # the default, off, counted nothing of its own
+    stepwatch.enable()
+    try:
+        for _ in stepwatch.timed_iter(range(3)):
+            stepwatch.count(samples=2)
+        assert dict(stepwatch.summary().phases["train"].counters) == {"samples": 4}  # its own state again
+    finally:
+        stepwatch.disable()
+        stepwatch.reset()

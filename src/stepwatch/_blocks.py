@@ -207,6 +207,7 @@ class Blocks:
         self.by_name: dict[str, Block] = {}
         self.made: list[Block] = []
         self.dropping = False  # the blocks are dropped blocks (off after having been on)
+        self.count: Any = None  # the stopwatch's count(), kept here to follow its state with the blocks
 
     def __len__(self) -> int:
         return len(self.by_name)
@@ -278,11 +279,15 @@ class Blocks:
 
     def follow_state(self) -> None:
         """The stopwatch's state was swapped whole (lent, given back, or shared in a worker: see
-        ``_default_instance``): every block made keeps the stacks it records into, so each is pointed at the
-        state's stacks now."""
-        stacks = self._stopwatch.stacks
+        ``_default_instance``): every block made, and the compiled ``count`` made with these blocks, keep the
+        stacks (and tree) they record into, so each is pointed at the state's now."""
+        sw = self._stopwatch
+        stacks = sw.stacks
         for block in self.made:
             block._stacks = stacks
+        if hasattr(self.count, "_stacks"):
+            self.count._stacks = stacks
+            self.count._tree = sw.tree
 
     def _become(self, kind: type[Block]) -> None:
         for block in self.made:

@@ -241,7 +241,8 @@ add_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *sw;       /* the stopwatch: its stacks and tree read at each call (its state may be lent) */
+    PyObject *stacks;   /* the stopwatch's stacks and tree, kept: re-pointed when its state is lent, given back */
+    PyObject *tree;     /* or shared (Blocks.follow_state) */
     PyObject *fallback; /* add_counts bound to the stopwatch */
 } CounterObject;
 
@@ -256,14 +257,13 @@ counter_call(CounterObject *self, PyObject *const *args, size_t nargsf, PyObject
                 (PyLong_CheckExact(value) || (PyFloat_CheckExact(value) && isfinite(PyFloat_AS_DOUBLE(value))));
     }
     if (plain) {
-        PyObject *stacks = PyObject_GetAttr(self->sw, s_stacks);
-        PyObject *measuring = stacks != NULL ? slot_get(stacks, &slot_measuring) : NULL;
+        PyObject *stacks = Py_NewRef(self->stacks), *tree = Py_NewRef(self->tree); /* (held: a count may re-point) */
+        PyObject *measuring = slot_get(stacks, &slot_measuring);
         int on = measuring != NULL ? PyObject_IsTrue(measuring) : -1;
         Py_XDECREF(measuring);
-        PyObject *tree = on == 1 ? PyObject_GetAttr(self->sw, s_tree) : NULL;
-        int done = on <= 0 ? on : tree != NULL ? count_units(stacks, tree, &PyTuple_GET_ITEM(kwnames, 0), args, n) : -1;
-        Py_XDECREF(tree);
-        Py_XDECREF(stacks);
+        int done = on <= 0 ? on : count_units(stacks, tree, &PyTuple_GET_ITEM(kwnames, 0), args, n);
+        Py_DECREF(tree);
+        Py_DECREF(stacks);
         if (done < 0) {
             return NULL;
         }
@@ -286,15 +286,21 @@ counter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     self->vectorcall = (vectorcallfunc)counter_call;
-    self->sw = Py_NewRef(sw);
     self->fallback = Py_NewRef(fallback);
+    self->stacks = PyObject_GetAttr(sw, s_stacks);
+    self->tree = self->stacks != NULL ? PyObject_GetAttr(sw, s_tree) : NULL;
+    if (self->tree == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 
 static int
 counter_traverse(CounterObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->sw);
+    Py_VISIT(self->stacks);
+    Py_VISIT(self->tree);
     Py_VISIT(self->fallback);
     return 0;
 }
@@ -302,7 +308,8 @@ counter_traverse(CounterObject *self, visitproc visit, void *arg)
 static int
 counter_clear(CounterObject *self)
 {
-    Py_CLEAR(self->sw);
+    Py_CLEAR(self->stacks);
+    Py_CLEAR(self->tree);
     Py_CLEAR(self->fallback);
     return 0;
 }
@@ -321,6 +328,12 @@ counter_repr(CounterObject *self)
     return PyUnicode_FromFormat("<compiled %R>", self->fallback);
 }
 
+static PyMemberDef counter_members[] = {
+    {"_stacks", T_OBJECT_EX, offsetof(CounterObject, stacks), 0, NULL},
+    {"_tree", T_OBJECT_EX, offsetof(CounterObject, tree), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject CounterType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepwatch._speedups.Counter",
     .tp_doc = "Counter(stopwatch, add_counts bound to it): count()'s common case in C.",
@@ -333,6 +346,7 @@ static PyTypeObject CounterType = {
     .tp_clear = (inquiry)counter_clear,
     .tp_dealloc = (destructor)counter_dealloc,
     .tp_repr = (reprfunc)counter_repr,
+    .tp_members = counter_members,
 };
 
 /* Interns the attribute names above; 0, or -1 with an exception. */
