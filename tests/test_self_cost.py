@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
 from stepwatch import Stopwatch, _block_base
-from stepwatch._self_cost import IN_SITU, block_ns, blocks_timed, operations, own_share
+from stepwatch._self_cost import BLOCK_IN_C_WEIGHT, IN_SITU, block_ns, blocks_timed, operations, own_share
 
 from .conftest import FakeClock
 
@@ -43,18 +43,25 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
     # loader and step of each of 11 steps (the first apart, as first_batch and first_step) and their two blocks
     assert blocks_timed(summary) == 11 * 4
     # and the boundaries of the 10 steps of the steady state (the first is a one-off)
+    # the two blocks' 22 calls ran in C where the blocks are compiled, weighed at BLOCK_IN_C_WEIGHT there
+    in_c = summary.metadata["blocks_in_c"]
+    assert in_c is _block_base.COMPILED
     assert operations(summary) == {
-        "blocks": 44, "steps": 10, "patched calls": 0, "patched calls in C": 0, "worker reports": 0,
-        "count() calls": 0,
+        "blocks": 22 if in_c else 44, "blocks in C": 22 if in_c else 0, "steps": 10, "patched calls": 0,
+        "patched calls in C": 0, "worker reports": 0, "count() calls": 0,
     }  # fmt: skip
     measured = sum(phase.measured_ns for phase in summary.phases.values())
-    share = 54 * cost / measured
-    assert own_share(summary) == share
+    share = (22 + 22 * BLOCK_IN_C_WEIGHT + 10 if in_c else 54) * cost / measured
+    assert own_share(summary) == pytest.approx(share)
     last = stepwatch.render(summary).rstrip().splitlines()[-1]
+    kinds = "22 blocks, 22 blocks in C, 10 steps" if in_c else "44 blocks, 10 steps"
+    weight = ", a block in C at 30% of that" if in_c else ""
     assert last == (
-        f"stepwatch's own cost: about {share:.1%} of the measured time (44 blocks, 10 steps, at ~{cost / 1e3:.1f} us"
-        " each, measured in this process)"
+        f"stepwatch's own cost: about {share:.1%} of the measured time ({kinds}, at ~{cost / 1e3:.1f} us"
+        f" each{weight}, measured in this process)"
     )
+    pure = replace(summary, metadata={**summary.metadata, "blocks_in_c": False})  # saved by pure Python: all at 1
+    assert operations(pure)["blocks"] == 44 and own_share(pure) == pytest.approx(54 * cost / measured)
     sw.save(tmp_path / "run.json")
     assert stepwatch.render(stepwatch.load(tmp_path / "run.json")).rstrip().splitlines()[-1] == last
 
@@ -127,7 +134,9 @@ def test_the_pipeline_wrappers_in_the_main_process_and_the_worker_reports_are_co
         counts = operations(sw.summary())
         assert {kind: counts[kind] for kind in expected} == expected, workers
         # loader and step of each batch, the forward, and in the main process the dataset's and collate's blocks
-        assert counts["blocks"] == 6 * (5 if workers == 0 else 3) and counts["steps"] == 5
+        assert counts["blocks"] + counts["blocks in C"] == 6 * (5 if workers == 0 else 3) and counts["steps"] == 5
+        # of which the forward and the collate ran in C where compiled (the loop's rows and the reads in Python)
+        assert counts["blocks in C"] == ((12 if workers == 0 else 6) if _block_base.COMPILED else 0)
 
 
 def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
@@ -152,7 +161,7 @@ def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
     assert counts["count() calls"] == 5
     # a wrapper in C is weighed at a fifth of an operation beyond the block it opens (counted among the blocks)
     measured = sum(phase.measured_ns for phase in summary.phases.values())
-    operations_weighed = sum(counts.values()) - (0.8 * 6 * 6 if in_c else 0)
+    operations_weighed = sum(counts.values()) - (0.8 * 6 * 6 if in_c else 0) - 0.7 * counts["blocks in C"]
     assert own_share(summary) == pytest.approx(operations_weighed * summary.metadata["block_ns"] / measured)
     last = stepwatch.render(summary).rstrip().splitlines()[-1]
     assert ("36 patched calls in C" in last and "a patched call in C at 20% of that" in last) is in_c, last

@@ -87,6 +87,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "loaders": {phase: dict(config) for phase, config in stopwatch.tree.loader_configs.items()},
         "auto": None if stopwatch.auto_hooks.describe is None else stopwatch.auto_hooks.describe(),
         "auto_in_c": None if stopwatch.auto_hooks.describe is None else _block_base.AutoCall is not None,
+        "blocks_in_c": _block_base.COMPILED,
         "flops": _flops(stopwatch),
         "flops_note": None if stopwatch.flop_count is None else stopwatch.flop_count.skipped,
         "peak_flops": stopwatch.peak_flops,

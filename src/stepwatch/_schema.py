@@ -208,8 +208,9 @@ def check_metadata(data: Any) -> None:
         raise _fail("metadata.windows", "must be a list of at most 100,000 numbers")
     for index, value in enumerate(windows):
         _number(value, f"metadata.windows[{index}]", 0.0)
-    if data.get("auto_in_c") is not None and not isinstance(data["auto_in_c"], bool):
-        raise _fail("metadata.auto_in_c", "must be true, false or null")
+    for key in ("auto_in_c", "blocks_in_c"):
+        if data.get(key) is not None and not isinstance(data[key], bool):
+            raise _fail(f"metadata.{key}", "must be true, false or null")
     if data.get("block_ns") is not None:
         _number(data["block_ns"], "metadata.block_ns", 0.0, 1e9)
     if data.get("peak_flops") is not None:

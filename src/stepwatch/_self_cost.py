@@ -45,6 +45,16 @@ PATCHED_IN_C_WEIGHT = 0.2
 among the blocks): it does what a hand-written ``with timed(...)`` does around its block, and a fifth of a
 block more (Valgrind: about 5.6k instructions a wrapped call and its block, against 4.7k a hand-written block)."""
 
+BLOCK_IN_C_WEIGHT = 0.3
+"""A timed block whose entry and exit ran in C (``metadata.blocks_in_c``), in operations: the operation's cost is
+measured on stepwatch's step boundary, in Python, and a C block costs a fraction of it in the same place (in
+``benchmarks/auto.py``'s step: five blocks 8.3 us a step, 1.7 us each, against a boundary of 6.2 us: 0.27).
+The loops' own rows (``loader``, ``step`` and their first-of-an-epoch rows) and the per-sample ``dataset``
+reads are Python, at one operation each; a loop whose rows were named otherwise is counted as C."""
+
+PYTHON_ROWS = (*LOADER_ROWS, *STEP_ROWS, "dataset")
+"""The rows whose frames stepwatch opens and closes in Python, whether or not the blocks are compiled."""
+
 IN_SITU = 24
 """Blocks timed between the training's own steps (one a step, from the third) for the in-situ cost."""
 
@@ -162,7 +172,8 @@ def blocks_timed(summary: Summary) -> int:
     """The blocks the main process timed: every stage's calls, but the computed ``other`` rows, what DataLoader
     workers timed (their time is not the training loop's), and a ``dataset`` row's per-sample calls: its samples
     are read under one block per batch, as many as its parent's calls."""
-    return operations(summary)["blocks"]
+    counts = operations(summary)
+    return counts["blocks"] + counts["blocks in C"]
 
 
 def operations(summary: Summary) -> dict[str, int]:
@@ -174,11 +185,13 @@ def operations(summary: Summary) -> dict[str, int]:
     reports``, one a batch from DataLoader workers, unpacked and merged; ``count() calls`` that added to the
     counters (auto's sample count among them). Where auto's wrappers ran in C (``metadata.auto_in_c``), the
     calls of theirs that open a block are ``patched calls in C``, which :func:`own_share` weighs at
-    :data:`PATCHED_IN_C_WEIGHT`."""
-    kinds = ("blocks", "steps", "patched calls", "patched calls in C", "worker reports", "count() calls")
+    :data:`PATCHED_IN_C_WEIGHT`; where the blocks ran in C (``metadata.blocks_in_c``), those but the loops'
+    and the reads' own rows are ``blocks in C``, weighed at :data:`BLOCK_IN_C_WEIGHT`."""
+    kinds = ("blocks", "blocks in C", "steps", "patched calls", "patched calls in C", "worker reports", "count() calls")
     counts = dict.fromkeys(kinds, 0)
     auto = summary.metadata.get("auto") is not None
     wrappers = "patched calls in C" if summary.metadata.get("auto_in_c") is True else "patched calls"
+    compiled = summary.metadata.get("blocks_in_c") is True
     for phase in summary.phases.values():
         counts["steps"] += phase.steps
         counts["count() calls"] += phase.count_calls
@@ -190,10 +203,11 @@ def operations(summary: Summary) -> dict[str, int]:
                 continue
             if name == OTHER:
                 continue
+            blocks = "blocks in C" if compiled and name not in PYTHON_ROWS else "blocks"
             if name == "dataset" and parent in phase.stages:
-                counts["blocks"] += min(stage.calls, phase.stages[parent].calls)
+                counts[blocks] += min(stage.calls, phase.stages[parent].calls)
             else:
-                counts["blocks"] += stage.calls
+                counts[blocks] += stage.calls
             if auto and parent in STEP_ROWS:
                 counts[wrappers] += stage.calls * (2 if name == "optimizer" else 1)
             elif name in PIPELINE_ROWS and parent in LOADER_ROWS:  # watch()'s wrapper of the dataset, the collate
@@ -214,7 +228,11 @@ def own_share(summary: Summary, counts: dict[str, int] | None = None) -> float |
     if not isinstance(cost, (int, float)) or isinstance(cost, bool) or not measured:
         return None
     counts = counts or operations(summary)
-    weighed = sum(counts.values()) - (1 - PATCHED_IN_C_WEIGHT) * counts.get("patched calls in C", 0)
+    weighed = (
+        sum(counts.values())
+        - (1 - PATCHED_IN_C_WEIGHT) * counts.get("patched calls in C", 0)
+        - (1 - BLOCK_IN_C_WEIGHT) * counts.get("blocks in C", 0)
+    )
     return weighed * cost / measured
 
 
@@ -225,7 +243,15 @@ def own_cost(summary: Summary) -> str | None:
     if share is None:
         return None
     kinds = ", ".join(f"{count:,} {kind}" for kind, count in counts.items() if count)
-    in_c = f", a patched call in C at {PATCHED_IN_C_WEIGHT:.0%} of that" if counts["patched calls in C"] else ""
+    weights = [
+        f"a {one} at {weight:.0%} of that"
+        for kind, one, weight in (
+            ("blocks in C", "block in C", BLOCK_IN_C_WEIGHT),
+            ("patched calls in C", "patched call in C", PATCHED_IN_C_WEIGHT),
+        )
+        if counts[kind]
+    ]
+    in_c = "".join(f", {weight}" for weight in weights)
     return (
         f"stepwatch's own cost: about {share:.1%} of the measured time ({kinds}, at ~"
         f"{summary.metadata['block_ns'] / 1e3:.1f} us each{in_c}, measured in this process)"
