@@ -142,7 +142,7 @@ class Stopwatch(Results):
         self._blocks = Blocks(self)
         self._by_name = self._blocks.by_name  # a handle for timed()'s hot path (never rebound)
         self.stacks = ThreadStacks(self.tree, self.span, self.auto_hooks, self._blocks)
-        self.__dict__["count"] = self._blocks.count = counter(self)  # bound: its common case in C where compiled
+        self.count = self._blocks.count = counter(self)  # type: ignore[method-assign]  # bound; in C where compiled
         self.periodic = PeriodicCalls()
         self.loops = OpenLoops()
         self.workers = WorkerSide(self, self._set_timeline)
