@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,3 +189,53 @@ def test_a_block_reads_the_default_clock_as_time_perf_counter_ns_does() -> None:
     with counted.timed("ticked"):
         pass
     assert counted.tree.phases["train"].root.children["ticked"].buf[-1] == 1000
+
+
+def test_the_compiled_step_boundary_does_what_the_python_one_does() -> None:
+    """A timed loop's steady step boundary (``swap_frame``), in C and in Python, at each of its conditions: the
+    frame on top or not, of its node or not, the thread's stack switched, not measuring at a step's end; each
+    either swaps the frame (closing it into the node's buffer and the phase) or changes nothing."""
+    from stepwatch import _block_base
+    from stepwatch._tree import LOOP
+
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+
+    def outcomes(swap: Any) -> list[Any]:
+        sw = Stopwatch()
+        sw.enable()
+        phase = sw.tree.phase("train")
+        body, wait = sw.tree.add_child(phase.root, "step"), sw.tree.add_child(phase.root, "loader")
+        stack = sw.stacks.thread_stack()
+        local = sw.stacks.local
+        seen: list[Any] = []
+
+        def attempt(frame: Any, node: Any, next_node: Any, now: int, ends: bool, local: Any = local) -> None:
+            opened = swap(sw.stacks, local, stack, frame, node, next_node, phase, now, ends)
+
+            def named(frame: Any) -> Any:  # a frame with its node's path: comparable across the two stopwatches
+                return None if frame is None else (frame[0] is LOOP, frame[1].path, frame[2])
+
+            assert opened is None or opened is stack[-1]
+            frames = [named(frame) for frame in stack[1:]]
+            seen.append((named(opened), frames, list(body.buf), list(wait.buf), phase.loop_ns, phase.steps))
+
+        frame = (LOOP, body, 100)
+        stack.append(frame)
+        attempt(frame, wait, body, 150, True)  # not the frame's node
+        attempt((LOOP, body, 100), body, wait, 150, True)  # not the frame on top
+        attempt(frame, body, wait, 150, True, local=object())  # the stack was switched
+        sw.stacks.measuring = False
+        attempt(frame, body, wait, 150, True)  # not measuring at the end of a step
+        sw.stacks.measuring = True
+        attempt(frame, body, wait, 150, True)  # the step ends, the wait opens
+        attempt(stack[-1], wait, body, 190, False)  # the wait ends, the step opens
+        stack.clear()
+        attempt(frame, body, wait, 200, True)  # an empty stack
+        return seen
+
+    compiled = outcomes(_block_base.swap_frame)
+    assert compiled == outcomes(_block_base.python_swap_frame)
+    assert [seen[0] is None for seen in compiled] == [True, True, True, True, False, False, True]
+    assert compiled[4] == ((True, "loader", 150), [(True, "loader", 150)], [50], [], 50, 1)
+    assert compiled[5] == ((True, "step", 190), [(True, "step", 190)], [50], [40], 90, 1)

@@ -87,6 +87,40 @@ else:
 COMPILED = BlockBase is not PythonBlockBase
 """Whether timed blocks run the C implementation."""
 
+
+def python_swap_frame(
+    stacks: Any,
+    local: Any,
+    stack: list[Any],
+    frame: Any,
+    node: Any,
+    next_node: Any,
+    phase: Any,
+    now: int,
+    ends_step: bool,
+) -> tuple[Any, Any, int] | None:
+    """One half of a timed loop's steady step boundary (``_loops.iterate``): if ``frame``, a loop frame of
+    ``node``, is on top of this thread's ``stack``, unswitched (and, at the end of a step, measuring), closes it
+    at ``now`` into ``node``'s buffer and the phase's loop time (its steps too, at the end of a step) and opens and
+    returns ``(LOOP, next_node, now)``; None, having changed nothing, otherwise. ``_boundary.c`` is the same in C."""
+    if not stack or stack[-1] is not frame or frame[1] is not node or stacks.local is not local:
+        return None
+    if ends_step and not stacks.measuring:
+        return None
+    elapsed = now - frame[2]
+    del stack[-1]
+    buf = node.buf
+    buf.append(elapsed)
+    if len(buf) >= FOLD:
+        stacks.fold(node)
+    phase.loop_ns += elapsed
+    if ends_step:
+        phase.steps += 1
+    opened = (frame[0], next_node, now)  # (the owner of a loop's frames is LOOP)
+    stack.append(opened)
+    return opened
+
+
 AutoCall: Any = None
 """auto()'s wrappers' common case in C (``_auto_calls.c``), where the blocks are compiled; None elsewhere."""
 AutoState: type = object
@@ -94,3 +128,8 @@ AutoState: type = object
 if COMPILED:
     from ._speedups import AutoCall as AutoCall  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import AutoState as AutoState  # type: ignore[import-not-found,no-redef,unused-ignore]
+
+swap_frame: Callable[..., tuple[Any, Any, int] | None] = python_swap_frame
+"""A timed loop's steady step boundary, one half: :func:`python_swap_frame`, or the same in C."""
+if COMPILED:
+    from ._speedups import swap_frame as swap_frame  # type: ignore[import-not-found,no-redef,unused-ignore]

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._block_base import swap_frame
 from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD
 from ._dataloader.find import loader_config
 from ._device import _Loop
@@ -114,25 +115,13 @@ def iterate(
             if (
                 fast
                 and not every
-                and stack[-1] is body_frame  # (a stack never holds None)
-                and body_frame[1] is body_node
-                and stacks.measuring
-                and stacks.local is local
                 and index >= warmup
-            ):  # the path of most steps: what the general one below does in this case, in fewer instructions
-                elapsed = now - body_frame[2]
-                body_frame = None
-                del stack[-1]
-                buf = body_node.buf
-                buf.append(elapsed)
-                if len(buf) >= FOLD:
-                    stacks.fold(body_node)
-                phase.loop_ns += elapsed  # the loop's own phase: it is the outermost
-                phase.steps += 1
+                and (opened := swap_frame(stacks, local, stack, body_frame, body_node, wait_node, phase, now, True))
+            ):  # the path of most steps: what the general one below does in this case (the step's body closed, the
+                # wait opened, the loop's own phase counting them), in one call
+                wait_frame, body_frame = opened, None
                 if main:
                     periodic.ticks += 1
-                wait_frame = (LOOP, wait_node, now)
-                stack.append(wait_frame)
             else:
                 if stacks.local is not local:
                     local, stack = stacks.local, stacks.thread_stack()
@@ -187,21 +176,14 @@ def iterate(
                     wait_frame = None
                 return
             ready = clock()
-            if fast and stack[-1] is wait_frame and wait_frame[1] is wait_node and stacks.local is local:
-                # the path of most steps again (a stack never holds None): the wait closed, the step opened
+            if fast and (
+                opened := swap_frame(stacks, local, stack, wait_frame, wait_node, body_node, phase, ready, False)
+            ):
+                # the path of most steps again: the wait closed, the step opened
+                wait_frame, body_frame = None, opened
                 if index >= warmup:
                     phase.schedule_pos += 1
                 index += 1
-                elapsed = ready - wait_frame[2]
-                wait_frame = None
-                del stack[-1]
-                buf = wait_node.buf
-                buf.append(elapsed)
-                if len(buf) >= FOLD:
-                    stacks.fold(wait_node)
-                phase.loop_ns += elapsed
-                body_frame = (LOOP, body_node, ready)
-                stack.append(body_frame)
                 yield item
                 continue
             if outer and index >= warmup:

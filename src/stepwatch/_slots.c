@@ -23,7 +23,7 @@ static Slot slot_measuring = {"measuring"}, slot_hot = {"hot"}, slot_local = {"l
 static Slot slot_children = {"children"}, slot_buf = {"buf"};
 /* Phase */
 static Slot slot_counters = {"counters"}, slot_count_calls = {"count_calls"}, slot_in_first_step = {"in_first_step"},
-            slot_counting = {"counting"};
+            slot_counting = {"counting"}, slot_loop_ns = {"loop_ns"}, slot_steps = {"steps"};
 
 /* ``obj.<slot>``: a new reference, or NULL with an exception. */
 static inline PyObject *
@@ -75,8 +75,9 @@ find_slot(PyTypeObject *type, Slot *slot)
     return 0;
 }
 
-static Slot *all_slots[] = {&slot_measuring, &slot_hot,         &slot_local,         &slot_children, &slot_buf,
-                            &slot_counters,  &slot_count_calls, &slot_in_first_step, &slot_counting};
+static Slot *all_slots[] = {&slot_measuring,     &slot_hot,      &slot_local,   &slot_children,
+                            &slot_buf,           &slot_counters, &slot_count_calls, &slot_in_first_step,
+                            &slot_counting,      &slot_loop_ns,  &slot_steps};
 
 /* Interns the slots' names (read by ``PyObject_GetAttr`` until configured); 0, or -1 with an exception. */
 static int
@@ -91,12 +92,14 @@ slots_ready(void)
     return 0;
 }
 
-/* configure_slots(ThreadStacks, Node, Phase): where their hot-path slots are. */
+static PyObject *loop_owner; /* stepwatch._tree.LOOP: the owner of a timed loop's frames */
+
+/* configure_slots(ThreadStacks, Node, Phase, LOOP): where their hot-path slots are, and the loops' frame owner. */
 static PyObject *
 configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "configure_slots(ThreadStacks, Node, Phase)");
+    if (nargs != 4 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "configure_slots(ThreadStacks, Node, Phase, LOOP)");
         return NULL;
     }
     struct {
@@ -106,11 +109,14 @@ configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         {args[0], &slot_measuring},     {args[0], &slot_hot},           {args[0], &slot_local},
         {args[1], &slot_children},      {args[1], &slot_buf},           {args[2], &slot_counters},
         {args[2], &slot_count_calls},   {args[2], &slot_in_first_step}, {args[2], &slot_counting},
+        {args[2], &slot_loop_ns},       {args[2], &slot_steps},
     };
     for (size_t i = 0; i < sizeof(found) / sizeof(found[0]); i++) {
         if (find_slot((PyTypeObject *)found[i].type, found[i].slot) < 0) {
             return NULL;
         }
     }
+    Py_INCREF(args[3]);
+    Py_XSETREF(loop_owner, args[3]);
     Py_RETURN_NONE;
 }

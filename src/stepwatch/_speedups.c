@@ -411,6 +411,7 @@ static PyTypeObject BlockBaseType = {
 #include "_auto_state.c"
 #include "_auto_calls.c"
 #include "_counts.c"
+#include "_boundary.c"
 
 static PyObject *
 configure(PyObject *Py_UNUSED(module), PyObject *fold)
@@ -433,8 +434,10 @@ static PyMethodDef module_methods[] = {
      "configure_counts(dropped, default_phase, limit, fallback): what add_samples compares with, and hands on to."},
     {"add_samples", (PyCFunction)(void (*)(void))add_samples, METH_FASTCALL,
      "add_samples(sw, size): auto()'s count of a batch's samples (see stepwatch/_counts.c)."},
+    {"swap_frame", (PyCFunction)(void (*)(void))swap_frame, METH_FASTCALL,
+     "swap_frame(...): a timed loop's steady step boundary, one half (see stepwatch/_boundary.c)."},
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,
-     "configure_slots(ThreadStacks, Node, Phase): where the hot path's slots are (see stepwatch/_slots.c)."},
+     "configure_slots(ThreadStacks, Node, Phase, LOOP): where the hot path's slots are (see stepwatch/_slots.c)."},
     {NULL, NULL, 0, NULL},
 };
 

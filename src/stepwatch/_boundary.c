@@ -1,0 +1,78 @@
+/* The steady state of a timed loop's step boundary in C (included by _speedups.c; ``_block_base.swap_frame`` is
+ * the same in Python, and what runs where this was not built).
+ *
+ * Each step, ``_loops.iterate`` closes the step's body and opens the wait for the next batch, then closes the
+ * wait and opens the body: in Python, in a real step with stepwatch out of the caches, the loop's two halves
+ * took about 11 us a step. Here each half is one call that does the same reads and writes in the same order,
+ * or nothing (returning None) where any condition of the steady state does not hold, and the generator then
+ * takes its general path, as before.
+ */
+
+/* swap_frame(stacks, local, stack, frame, node, next_node, phase, now, ends_step): if ``frame`` (a loop frame of
+ * ``node``) is on top of this thread's ``stack``, unswitched (``stacks.local is local``; for the end of a step,
+ * measuring too), closes it at ``now`` into ``node``'s buffer and the phase's loop time (and its steps, at the end
+ * of a step), then opens and returns ``(LOOP, next_node, now)``; None, having changed nothing, otherwise. */
+static PyObject *
+swap_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 || loop_owner == NULL) {
+        PyErr_SetString(PyExc_TypeError, "swap_frame() takes 9 arguments, after configure_slots()");
+        return NULL;
+    }
+    PyObject *stacks = args[0], *local = args[1], *stack = args[2], *frame = args[3], *node = args[4],
+             *next_node = args[5], *phase = args[6], *now = args[7];
+    int ends_step = args[8] == Py_True;
+    if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0 ||
+        PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != frame || !PyTuple_CheckExact(frame) ||
+        PyTuple_GET_SIZE(frame) != 3 || PyTuple_GET_ITEM(frame, 1) != node) {
+        Py_RETURN_NONE;
+    }
+    PyObject *current = slot_get(stacks, &slot_local);
+    if (current == NULL) {
+        return NULL;
+    }
+    Py_DECREF(current); /* only compared */
+    if (current != local) {
+        Py_RETURN_NONE;
+    }
+    if (ends_step) {
+        PyObject *measuring = slot_get(stacks, &slot_measuring);
+        int on = measuring != NULL ? PyObject_IsTrue(measuring) : -1;
+        Py_XDECREF(measuring);
+        if (on <= 0) {
+            if (on < 0) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *elapsed = difference(now, PyTuple_GET_ITEM(frame, 2));
+    if (elapsed == NULL) {
+        return NULL;
+    }
+    Py_INCREF(frame);
+    Py_SET_SIZE(stack, PyList_GET_SIZE(stack) - 1); /* ``del stack[-1]``: the frame is held */
+    Py_DECREF(frame);
+    PyObject *opened = NULL;
+    if (record(stacks, node, elapsed) == 0) {
+        PyObject *loop_ns = slot_get(phase, &slot_loop_ns);
+        PyObject *total = loop_ns != NULL ? PyNumber_Add(loop_ns, elapsed) : NULL;
+        Py_XDECREF(loop_ns);
+        int failed = total == NULL || slot_set(phase, &slot_loop_ns, total) < 0;
+        Py_XDECREF(total);
+        if (!failed && ends_step) {
+            PyObject *steps = slot_get(phase, &slot_steps);
+            PyObject *more = steps != NULL ? PyNumber_Add(steps, one) : NULL;
+            Py_XDECREF(steps);
+            failed = more == NULL || slot_set(phase, &slot_steps, more) < 0;
+            Py_XDECREF(more);
+        }
+        opened = failed ? NULL : PyTuple_Pack(3, loop_owner, next_node, now);
+        if (opened != NULL && PyList_Append(stack, opened) < 0) {
+            Py_CLEAR(opened);
+        }
+    }
+    Py_DECREF(frame);
+    Py_DECREF(elapsed);
+    return opened;
+}
