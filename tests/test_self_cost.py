@@ -43,19 +43,21 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
     # loader and step of each of 11 steps (the first apart, as first_batch and first_step) and their two blocks
     assert blocks_timed(summary) == 11 * 4
     # and the boundaries of the 10 steps of the steady state (the first is a one-off)
-    # the two blocks' 22 calls ran in C where the blocks are compiled, weighed at BLOCK_IN_C_WEIGHT there
+    # where the blocks are compiled, the blocks and the loop's rows ran in C, and the steady step boundaries too:
+    # weighed at BLOCK_IN_C_WEIGHT there
     in_c = summary.metadata["blocks_in_c"]
     assert in_c is _block_base.COMPILED
     assert operations(summary) == {
-        "blocks": 22 if in_c else 44, "blocks in C": 22 if in_c else 0, "steps": 10, "patched calls": 0,
-        "patched calls in C": 0, "worker reports": 0, "count() calls": 0,
+        "blocks": 0 if in_c else 44, "blocks in C": 44 if in_c else 0, "steps": 0 if in_c else 10,
+        "steps in C": 10 if in_c else 0, "patched calls": 0, "patched calls in C": 0, "worker reports": 0,
+        "count() calls": 0,
     }  # fmt: skip
     measured = sum(phase.measured_ns for phase in summary.phases.values())
-    share = (22 + 22 * BLOCK_IN_C_WEIGHT + 10 if in_c else 54) * cost / measured
+    share = (54 * BLOCK_IN_C_WEIGHT if in_c else 54) * cost / measured
     assert own_share(summary) == pytest.approx(share)
     last = stepwatch.render(summary).rstrip().splitlines()[-1]
-    kinds = "22 blocks, 22 blocks in C, 10 steps" if in_c else "44 blocks, 10 steps"
-    weight = ", a block in C at 30% of that" if in_c else ""
+    kinds = "44 blocks in C, 10 steps in C" if in_c else "44 blocks, 10 steps"
+    weight = ", a block or step in C at 30% of that" if in_c else ""
     assert last == (
         f"stepwatch's own cost: about {share:.1%} of the measured time ({kinds}, at ~{cost / 1e3:.1f} us"
         f" each{weight}, measured in this process)"
@@ -134,9 +136,11 @@ def test_the_pipeline_wrappers_in_the_main_process_and_the_worker_reports_are_co
         counts = operations(sw.summary())
         assert {kind: counts[kind] for kind in expected} == expected, workers
         # loader and step of each batch, the forward, and in the main process the dataset's and collate's blocks
-        assert counts["blocks"] + counts["blocks in C"] == 6 * (5 if workers == 0 else 3) and counts["steps"] == 5
-        # of which the forward and the collate ran in C where compiled (the loop's rows and the reads in Python)
-        assert counts["blocks in C"] == ((12 if workers == 0 else 6) if _block_base.COMPILED else 0)
+        assert counts["blocks"] + counts["blocks in C"] == 6 * (5 if workers == 0 else 3)
+        assert counts["steps"] + counts["steps in C"] == 5
+        # all but the per-sample reads in C where compiled (the loop's rows, the forward, the collate)
+        in_python = (6 if workers == 0 else 0) if _block_base.COMPILED else 6 * (5 if workers == 0 else 3)
+        assert counts["blocks"] == in_python
 
 
 def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
@@ -161,7 +165,9 @@ def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
     assert counts["count() calls"] == 5
     # a wrapper in C is weighed at a fifth of an operation beyond the block it opens (counted among the blocks)
     measured = sum(phase.measured_ns for phase in summary.phases.values())
-    operations_weighed = sum(counts.values()) - (0.8 * 6 * 6 if in_c else 0) - 0.7 * counts["blocks in C"]
+    operations_weighed = (
+        sum(counts.values()) - (0.8 * 6 * 6 if in_c else 0) - 0.7 * (counts["blocks in C"] + counts["steps in C"])
+    )
     assert own_share(summary) == pytest.approx(operations_weighed * summary.metadata["block_ns"] / measured)
     last = stepwatch.render(summary).rstrip().splitlines()[-1]
     assert ("36 patched calls in C" in last and "a patched call in C at 20% of that" in last) is in_c, last

@@ -46,13 +46,14 @@ among the blocks): it does what a hand-written ``with timed(...)`` does around i
 block more (Valgrind: about 5.6k instructions a wrapped call and its block, against 4.7k a hand-written block)."""
 
 BLOCK_IN_C_WEIGHT = 0.3
-"""A timed block whose entry and exit ran in C (``metadata.blocks_in_c``), in operations: the operation's cost is
-measured on stepwatch's step boundary, in Python, and a C block costs a fraction of it in the same place (in
-``benchmarks/auto.py``'s step: five blocks 8.3 us a step, 1.7 us each, against a boundary of 6.2 us: 0.27).
-The loops' own rows (``loader``, ``step`` and their first-of-an-epoch rows) and the per-sample ``dataset``
-reads are Python, at one operation each; a loop whose rows were named otherwise is counted as C."""
+"""A timed block whose entry and exit ran in C (``metadata.blocks_in_c``), and a step whose steady boundary did
+(``_boundary.c``: its loop's two frames swapped in C), in operations. The operation's cost is measured on
+stepwatch's step boundary where it runs in Python (the steps that measure it take the general path), and the C
+one costs a fraction of it in the same place (in ``benchmarks/auto.py``'s step: five blocks 8.3 us a step,
+1.7 us each, against a boundary of 6.2 us: 0.27). The per-sample ``dataset`` reads are Python, at one
+operation each."""
 
-PYTHON_ROWS = (*LOADER_ROWS, *STEP_ROWS, "dataset")
+PYTHON_ROWS = ("dataset",)
 """The rows whose frames stepwatch opens and closes in Python, whether or not the blocks are compiled."""
 
 IN_SITU = 24
@@ -185,15 +186,24 @@ def operations(summary: Summary) -> dict[str, int]:
     reports``, one a batch from DataLoader workers, unpacked and merged; ``count() calls`` that added to the
     counters (auto's sample count among them). Where auto's wrappers ran in C (``metadata.auto_in_c``), the
     calls of theirs that open a block are ``patched calls in C``, which :func:`own_share` weighs at
-    :data:`PATCHED_IN_C_WEIGHT`; where the blocks ran in C (``metadata.blocks_in_c``), those but the loops'
-    and the reads' own rows are ``blocks in C``, weighed at :data:`BLOCK_IN_C_WEIGHT`."""
-    kinds = ("blocks", "blocks in C", "steps", "patched calls", "patched calls in C", "worker reports", "count() calls")
+    :data:`PATCHED_IN_C_WEIGHT`; where the blocks ran in C (``metadata.blocks_in_c``), those but the reads'
+    own rows are ``blocks in C`` and the steps ``steps in C``, weighed at :data:`BLOCK_IN_C_WEIGHT`."""
+    kinds = (
+        "blocks",
+        "blocks in C",
+        "steps",
+        "steps in C",
+        "patched calls",
+        "patched calls in C",
+        "worker reports",
+        "count() calls",
+    )
     counts = dict.fromkeys(kinds, 0)
     auto = summary.metadata.get("auto") is not None
     wrappers = "patched calls in C" if summary.metadata.get("auto_in_c") is True else "patched calls"
     compiled = summary.metadata.get("blocks_in_c") is True
     for phase in summary.phases.values():
-        counts["steps"] += phase.steps
+        counts["steps in C" if compiled else "steps"] += phase.steps
         counts["count() calls"] += phase.count_calls
         from_workers = False
         for path, stage in phase.stages.items():
@@ -231,7 +241,7 @@ def own_share(summary: Summary, counts: dict[str, int] | None = None) -> float |
     weighed = (
         sum(counts.values())
         - (1 - PATCHED_IN_C_WEIGHT) * counts.get("patched calls in C", 0)
-        - (1 - BLOCK_IN_C_WEIGHT) * counts.get("blocks in C", 0)
+        - (1 - BLOCK_IN_C_WEIGHT) * (counts.get("blocks in C", 0) + counts.get("steps in C", 0))
     )
     return weighed * cost / measured
 
@@ -245,11 +255,11 @@ def own_cost(summary: Summary) -> str | None:
     kinds = ", ".join(f"{count:,} {kind}" for kind, count in counts.items() if count)
     weights = [
         f"a {one} at {weight:.0%} of that"
-        for kind, one, weight in (
-            ("blocks in C", "block in C", BLOCK_IN_C_WEIGHT),
-            ("patched calls in C", "patched call in C", PATCHED_IN_C_WEIGHT),
+        for weighed, one, weight in (
+            (counts["blocks in C"] + counts["steps in C"], "block or step in C", BLOCK_IN_C_WEIGHT),
+            (counts["patched calls in C"], "patched call in C", PATCHED_IN_C_WEIGHT),
         )
-        if counts[kind]
+        if weighed
     ]
     in_c = "".join(f", {weight}" for weight in weights)
     return (
