@@ -1,0 +1,147 @@
+/* The thread's stack of open frames, the clock, a frame's items and a stage's buffer: what every C hot path of
+ * stepwatch reads and writes (included by _speedups.c, after the names and the slots it uses).
+ */
+
+/* The last stack found, and what it was found for: a ``stacks.local`` object and a thread (its state's
+ * dictionary). Both are held, so that neither can be freed and another object take its address while cached:
+ * a switch replaces ``stacks.local`` (a new object, so a miss), and a thread that ends leaves its dictionary
+ * here, never to be matched by a new thread's. A thread-local's attribute costs about 450 instructions to read;
+ * this check, a few. ``cached_values`` is the local's ``__dict__`` for that thread, once read (count()). */
+static PyObject *cached_local, *cached_thread, *cached_stack, *cached_values;
+
+/* This thread's stack of open frames: ``stacks.local.stack``, made by ``stacks.thread_stack()`` on first use. */
+static PyObject *
+thread_stack(PyObject *stacks)
+{
+    PyObject *local = slot_get(stacks, &slot_local);
+    if (local == NULL) {
+        return NULL;
+    }
+    PyObject *thread = PyThreadState_GetDict(); /* borrowed */
+    if (local == cached_local && thread == cached_thread && thread != NULL) {
+        Py_DECREF(local);
+        Py_INCREF(cached_stack);
+        return cached_stack;
+    }
+    PyObject *stack = PyObject_GetAttr(local, s_stack);
+    if (stack == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            Py_DECREF(local);
+            return NULL;
+        }
+        PyErr_Clear();
+        stack = PyObject_CallMethodNoArgs(stacks, s_thread_stack);
+    }
+    if (stack != NULL && !PyList_Check(stack)) {
+        PyErr_SetString(PyExc_TypeError, "stepwatch: a thread's stack must be a list");
+        Py_CLEAR(stack);
+    }
+    if (stack == NULL || thread == NULL) {
+        Py_DECREF(local);
+        return stack;
+    }
+    PyObject *old_local = cached_local, *old_thread = cached_thread, *old_stack = cached_stack,
+             *old_values = cached_values;
+    cached_values = NULL; /* the local's values for this thread: read again on next use */
+    cached_local = local; /* the reference taken above */
+    Py_INCREF(thread);
+    cached_thread = thread;
+    Py_INCREF(stack);
+    cached_stack = stack;
+    Py_XDECREF(old_local); /* last: freeing them may run Python code */
+    Py_XDECREF(old_thread);
+    Py_XDECREF(old_stack);
+    Py_XDECREF(old_values);
+    return stack;
+}
+
+static PyObject *perf_counter_ns; /* time.perf_counter_ns */
+
+/* ``clock()``. The default clock, ``time.perf_counter_ns``, is CLOCK_MONOTONIC on Linux, read here directly: in a
+ * real step, where stepwatch is out of the caches, the call through Python's machinery took about 1.8 us. */
+static PyObject *
+read_clock(PyObject *clock)
+{
+#if defined(__linux__) && defined(CLOCK_MONOTONIC)
+    struct timespec now;
+    if (clock == perf_counter_ns && clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
+        return PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + (long long)now.tv_nsec);
+    }
+#endif
+    return PyObject_CallNoArgs(clock);
+}
+
+/* ``frame[index]`` of a frame (a tuple, or a list for a device frame): a new reference. */
+static PyObject *
+frame_item(PyObject *frame, Py_ssize_t index)
+{
+    if (PyTuple_CheckExact(frame) && PyTuple_GET_SIZE(frame) > index) {
+        PyObject *item = PyTuple_GET_ITEM(frame, index);
+        Py_INCREF(item);
+        return item;
+    }
+    return PySequence_GetItem(frame, index);
+}
+
+/* ``stack[-1]``, borrowed. */
+static PyObject *
+top_of(PyObject *stack)
+{
+    Py_ssize_t size = PyList_GET_SIZE(stack);
+    if (size == 0) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return NULL;
+    }
+    return PyList_GET_ITEM(stack, size - 1);
+}
+
+/* ``end - start``, two ints of nanoseconds (any other numbers through Python's subtraction). */
+static PyObject *
+difference(PyObject *end, PyObject *start)
+{
+    if (PyLong_CheckExact(end) && PyLong_CheckExact(start)) {
+        int end_overflow, start_overflow;
+        long long last = PyLong_AsLongLongAndOverflow(end, &end_overflow);
+        long long first = PyLong_AsLongLongAndOverflow(start, &start_overflow);
+        if (!end_overflow && !start_overflow && !PyErr_Occurred() && (first >= 0) == (last >= 0)) {
+            return PyLong_FromLongLong(last - first); /* (same signs: no overflow) */
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    return PyNumber_Subtract(end, start);
+}
+
+/* ``buf.append(elapsed)``, then ``stacks.fold(node)`` once ``len(buf)`` reaches the fold size. */
+static int
+record(PyObject *stacks, PyObject *node, PyObject *elapsed)
+{
+    PyObject *buf = slot_get(node, &slot_buf);
+    if (buf == NULL) {
+        return -1;
+    }
+    int failed;
+    if (PyList_Check(buf)) {
+        failed = PyList_Append(buf, elapsed);
+    }
+    else {
+        PyObject *appended = PyObject_CallMethod(buf, "append", "O", elapsed);
+        failed = appended == NULL;
+        Py_XDECREF(appended);
+    }
+    /* (a dropped node's buffer, a list subclass, always reads as full) */
+    Py_ssize_t size = failed ? -1 : PyList_CheckExact(buf) ? PyList_GET_SIZE(buf) : PyObject_Size(buf);
+    Py_DECREF(buf);
+    if (size < 0) {
+        return -1;
+    }
+    if (size >= fold_at) {
+        PyObject *folded = PyObject_CallMethodOneArg(stacks, s_fold, node);
+        if (folded == NULL) {
+            return -1;
+        }
+        Py_DECREF(folded);
+    }
+    return 0;
+}
