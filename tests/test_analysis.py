@@ -204,7 +204,9 @@ def slowly_starting_epochs() -> Stopwatch:
 def test_persistent_workers_advice_when_each_epoch_starts_slowly() -> None:
     sw = slowly_starting_epochs()
     verdict = sw.summary().verdict
-    assert sw.summary().stages["first_batch"].mean > 0.3
+    # each worker sleeps 0.3 s from its start; the first batch's wait opens once iter() has started them (the
+    # forks' milliseconds before it), so it measures a little less than the sleep (298 ms seen)
+    assert sw.summary().stages["first_batch"].mean > 0.25
     assert any("persistent_workers=True" in advice for advice in verdict.advice), verdict.advice
     steady = Stopwatch()
     steady.enable()

@@ -239,3 +239,34 @@ def test_the_compiled_step_boundary_does_what_the_python_one_does() -> None:
     assert [seen[0] is None for seen in compiled] == [True, True, True, True, False, False, True]
     assert compiled[4] == ((True, "loader", 150), [(True, "loader", 150)], [50], [], 50, 1)
     assert compiled[5] == ((True, "step", 190), [(True, "step", 190)], [50], [40], 90, 1)
+
+
+def test_the_compiled_timed_lookup_gives_what_the_method_gives() -> None:
+    """``sw.timed`` in C (``_lookup.c``): a name used before is read from the blocks by name, anything else goes to
+    ``Stopwatch.timed``: the same block, the same errors; lent another stopwatch's state, it reads that one's."""
+    from stepwatch import _default_instance
+
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+    sw = Stopwatch()
+    assert type(sw.timed).__name__ == "Lookup"
+    made = Stopwatch.timed(sw, "forward")
+    assert sw.timed("forward") is made and sw.timed("new") is Stopwatch.timed(sw, "new")
+    for bad in ("a/b", "", ["x"], 3):
+        with pytest.raises(ValueError) as compiled:
+            sw.timed(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError) as method:
+            Stopwatch.timed(sw, bad)  # type: ignore[arg-type]
+        assert str(compiled.value) == str(method.value)
+    with pytest.raises(TypeError):
+        sw.timed()  # type: ignore[call-arg]
+    other = Stopwatch()
+    other.enable()
+    theirs = other.timed("forward")
+    default = _default_instance.stopwatch
+    import stepwatch
+
+    own = stepwatch.timed("forward")  # the default's own block of that name
+    with _default_instance.lent_to(other):
+        assert stepwatch.timed("forward") is theirs  # the default's lookup, pointed at the lent state
+    assert stepwatch.timed("forward") is own is Stopwatch.timed(default, "forward")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._blocks import Block, Blocks, check_loop_names, check_name
+from ._blocks import Block, Blocks, block_lookup, check_loop_names, check_name
 from ._compile import CompileWatch
 from ._counters import add_counts, counter
 from ._dataloader.reports import WorkerSide
@@ -143,6 +143,7 @@ class Stopwatch(Results):
         self._by_name = self._blocks.by_name  # a handle for timed()'s hot path (never rebound)
         self.stacks = ThreadStacks(self.tree, self.span, self.auto_hooks, self._blocks)
         self.count = self._blocks.count = counter(self)  # type: ignore[method-assign]  # bound; in C where compiled
+        self.timed = self._blocks.lookup = block_lookup(self)  # type: ignore[method-assign,assignment]  # in C if built
         self.periodic = PeriodicCalls()
         self.loops = OpenLoops()
         self.workers = WorkerSide(self, self._set_timeline)

@@ -10,7 +10,8 @@
  *
  * The module's other parts, each in a file of its own included here: the slots read at their offsets
  * (_slots.c), the thread's stack, the clock, frames and buffers (_frames.c), auto()'s state and wrappers
- * (_auto_state.c, _auto_calls.c), count() (_counts.c) and a timed loop's steady step boundary (_boundary.c).
+ * (_auto_state.c, _auto_calls.c), count() (_counts.c, _counter.c), a timed loop's steady step boundary (_boundary.c) and
+ * timed()'s lookup (_lookup.c).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -273,7 +274,9 @@ static PyTypeObject BlockBaseType = {
 #include "_auto_state.c"
 #include "_auto_calls.c"
 #include "_counts.c"
+#include "_counter.c"
 #include "_boundary.c"
+#include "_lookup.c"
 
 static PyObject *
 configure(PyObject *Py_UNUSED(module), PyObject *fold)
@@ -345,7 +348,7 @@ PyInit__speedups(void)
         Py_DECREF(module);
         return NULL;
     }
-    if (auto_calls_ready(module) < 0 || counts_add_types(module) < 0) {
+    if (auto_calls_ready(module) < 0 || counts_add_types(module) < 0 || lookup_add_type(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }
