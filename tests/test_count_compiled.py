@@ -195,3 +195,19 @@ def test_a_count_on_the_default_stopwatch_goes_where_its_state_is_lent() -> None
     finally:
         stepwatch.disable()
         stepwatch.reset()
+
+
+def test_a_subclass_keeps_its_own_count_and_timed() -> None:
+    """The compiled ``count`` and ``timed`` are set on a stopwatch only where its class does not define its own."""
+
+    class Mine(stepwatch.Stopwatch):
+        def timed(self, stage: str) -> Any:
+            return f"mine {stage}"
+
+        def count(self, **units: float) -> None:
+            self.counted = units
+
+    mine = Mine()
+    assert mine.timed("x") == "mine x"
+    mine.count(samples=2)
+    assert mine.counted == {"samples": 2}

@@ -142,8 +142,11 @@ class Stopwatch(Results):
         self._blocks = Blocks(self)
         self._by_name = self._blocks.by_name  # a handle for timed()'s hot path (never rebound)
         self.stacks = ThreadStacks(self.tree, self.span, self.auto_hooks, self._blocks)
-        self.count = self._blocks.count = counter(self)  # type: ignore[method-assign]  # bound; in C where compiled
-        self.timed = self._blocks.lookup = block_lookup(self)  # type: ignore[method-assign,assignment]  # in C if built
+        # count() and timed(), bound: their common case in C where compiled (a subclass's own methods are kept)
+        if type(self).count is Stopwatch.count:
+            self.count = self._blocks.count = counter(self)  # type: ignore[method-assign]
+        if type(self).timed is Stopwatch.timed:
+            self.timed = self._blocks.lookup = block_lookup(self)  # type: ignore[method-assign,assignment]
         self.periodic = PeriodicCalls()
         self.loops = OpenLoops()
         self.workers = WorkerSide(self, self._set_timeline)
