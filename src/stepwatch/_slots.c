@@ -20,7 +20,7 @@ typedef struct {
 /* ThreadStacks */
 static Slot slot_measuring = {"measuring"}, slot_hot = {"hot"}, slot_local = {"local"};
 /* Node */
-static Slot slot_children = {"children"}, slot_buf = {"buf"};
+static Slot slot_children = {"children"}, slot_buf = {"buf"}, slot_batches = {"batches"};
 /* Phase */
 static Slot slot_counters = {"counters"}, slot_count_calls = {"count_calls"}, slot_in_first_step = {"in_first_step"},
             slot_counting = {"counting"}, slot_loop_ns = {"loop_ns"}, slot_steps = {"steps"};
@@ -77,7 +77,7 @@ find_slot(PyTypeObject *type, Slot *slot)
 
 static Slot *all_slots[] = {&slot_measuring,     &slot_hot,      &slot_local,   &slot_children,
                             &slot_buf,           &slot_counters, &slot_count_calls, &slot_in_first_step,
-                            &slot_counting,      &slot_loop_ns,  &slot_steps};
+                            &slot_counting,      &slot_loop_ns,  &slot_steps,       &slot_batches};
 
 /* Interns the slots' names (read by ``PyObject_GetAttr`` until configured); 0, or -1 with an exception. */
 static int
@@ -109,7 +109,7 @@ configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         {args[0], &slot_measuring},     {args[0], &slot_hot},           {args[0], &slot_local},
         {args[1], &slot_children},      {args[1], &slot_buf},           {args[2], &slot_counters},
         {args[2], &slot_count_calls},   {args[2], &slot_in_first_step}, {args[2], &slot_counting},
-        {args[2], &slot_loop_ns},       {args[2], &slot_steps},
+        {args[2], &slot_loop_ns},       {args[2], &slot_steps},         {args[1], &slot_batches},
     };
     for (size_t i = 0; i < sizeof(found) / sizeof(found[0]); i++) {
         if (find_slot((PyTypeObject *)found[i].type, found[i].slot) < 0) {

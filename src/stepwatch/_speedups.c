@@ -11,7 +11,7 @@
  * The module's other parts, each in a file of its own included here: the slots read at their offsets
  * (_slots.c), the thread's stack, the clock, frames and buffers (_frames.c), auto()'s state and wrappers
  * (_auto_state.c, _auto_calls.c), count() (_counts.c, _counter.c), a timed loop's steady step boundary (_boundary.c) and
- * timed()'s lookup (_lookup.c).
+ * timed()'s lookup (_lookup.c), a batch's reads in the main process (_reads.c).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -277,6 +277,7 @@ static PyTypeObject BlockBaseType = {
 #include "_counter.c"
 #include "_boundary.c"
 #include "_lookup.c"
+#include "_reads.c"
 
 static PyObject *
 configure(PyObject *Py_UNUSED(module), PyObject *fold)
@@ -301,6 +302,8 @@ static PyMethodDef module_methods[] = {
      "add_samples(sw, size): auto()'s count of a batch's samples (see stepwatch/_counts.c)."},
     {"swap_frame", (PyCFunction)(void (*)(void))swap_frame, METH_FASTCALL,
      "swap_frame(...): a timed loop's steady step boundary, one half (see stepwatch/_boundary.c)."},
+    {"read_samples", (PyCFunction)(void (*)(void))read_samples, METH_FASTCALL,
+     "read_samples(fallback, block, dataset, indices): a batch's reads in the main process (see stepwatch/_reads.c)."},
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,
      "configure_slots(ThreadStacks, Node, Phase, LOOP): where the hot path's slots are (see stepwatch/_slots.c)."},
     {NULL, NULL, 0, NULL},
@@ -326,7 +329,7 @@ PyInit__speedups(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&BlockBaseType) < 0 || counts_ready() < 0 || slots_ready() < 0) {
+    if (PyType_Ready(&BlockBaseType) < 0 || counts_ready() < 0 || slots_ready() < 0 || reads_ready() < 0) {
         return NULL;
     }
     PyObject *time_module = PyImport_ImportModule("time");

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import _default_instance
+from .._block_base import COMPILED
 from .._constants import FOLD
 from .._stats import Partial
 
@@ -205,13 +206,13 @@ class TimedGetItems:
             stack = local.stack
         except AttributeError:
             stack = stacks.thread_stack()
+        remaining = iter(indices)
         parent = stack[-1][1]
         node = parent.children.get("dataset") or stopwatch.tree.add_child(parent, "dataset")
         clock = stopwatch.clock
         start = clock()
         frame = (block, node, start)
         stack.append(frame)
-        remaining = iter(indices)
         read = 1  # calls, should even the first read fail
         try:
             samples = [dataset[index] for index in remaining]  # torch's own loop: nothing added per sample
@@ -279,9 +280,9 @@ class TimedReads:
     def __init__(self, dataset: Any, wrapper: TimedGetItems) -> None:
         self.dataset = dataset
         # the default stopwatch's reads: the reading itself, without the checks of where it runs and for whom
-        # that TimedGetItems.__call__ makes at each batch (a call less)
+        # that TimedGetItems.__call__ makes at each batch (a call less); its common case in C where compiled
         default = wrapper._stopwatch is None or wrapper._stopwatch is _default_instance.stopwatch
-        self.__getitems__ = functools.partial(wrapper.read, _default_instance.stopwatch) if default else wrapper
+        self.__getitems__ = _default_reads(wrapper) if default else wrapper
 
     def __getitem__(self, index: Any) -> Any:
         return self.dataset[index]
@@ -300,6 +301,17 @@ class TimedReads:
             return False
         fetcher.dataset = TimedReads(fetcher.dataset, wrapper)
         return True
+
+
+def _default_reads(wrapper: TimedGetItems) -> Callable[[Any], Any]:
+    """The default stopwatch's reads of a batch in the main process: ``read_samples`` (``_reads.c``) where
+    compiled and the dataset has no ``__getitems__`` of its own, ``TimedGetItems.read`` otherwise."""
+    stopwatch = _default_instance.stopwatch
+    if not COMPILED or wrapper.inner is not None:
+        return functools.partial(wrapper.read, stopwatch)
+    from .._speedups import read_samples  # type: ignore[import-not-found,unused-ignore]
+
+    return functools.partial(read_samples, wrapper.read, stopwatch.timed("dataset"), wrapper.dataset)
 
 
 class _TimedIterable:

@@ -1,0 +1,219 @@
+/* A batch's dataset reads in the main process (``num_workers=0``), their common case in C (included by
+ * _speedups.c, after the block it uses).
+ *
+ * ``read_samples(fallback, block, dataset, indices)`` is what a single-process DataLoader's fetcher calls for a
+ * batch (``TimedReads.__getitems__``, with the first three bound): the samples ``[dataset[i] for i in indices]``,
+ * read between one pair of clock reads under a ``dataset`` frame, and recorded as
+ * ``TimedGetItems.read`` (stepwatch/_dataloader/in_workers.py) records them: the batch's reads as one entry of
+ * the node's ``batches``, the calls counted exactly, blocks opened inside ``__getitem__`` nested under
+ * ``dataset``. ``block`` is the stopwatch's ``dataset`` block (the frame's owner); while the stopwatch does not
+ * measure, ``fallback(sw, indices)`` (that Python method) does everything. It saves the method's frame and
+ * bytecode: about 2 us a batch where the loop is warm.
+ */
+
+static PyObject *s_timeline, *s_events, *s_len;
+
+/* The reads that count when the batch failed: as ``TimedGetItems.read`` counts them (the samples read and the
+ * one that failed, where the indices have a length and their iterator a length hint; 1 otherwise). The
+ * exception is kept. -1 with an exception raised by this count itself. */
+static Py_ssize_t
+reads_before_failure(PyObject *indices, PyObject *remaining)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    Py_ssize_t read = 1;
+    Py_ssize_t left = PyObject_LengthHint(remaining, -1);
+    int sized = left < 0 ? 0 : PyObject_HasAttr(indices, s_len);
+    Py_ssize_t size = sized ? PyObject_Size(indices) : -1;
+    if (PyErr_Occurred()) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        return -1;
+    }
+    if (size >= 0) {
+        read = size - left;
+    }
+    PyErr_Restore(type, value, traceback);
+    return read;
+}
+
+/* The batch's entry ``(read, end - start)`` in ``node.batches`` (folded as a block's buffer is), and its event
+ * on the timeline where one is kept: 0, or -1 with an exception. */
+static int
+record_batch(BlockObject *block, PyObject *stacks, PyObject *stack, PyObject *node, Py_ssize_t read, PyObject *start,
+             PyObject *end)
+{
+    PyObject *batches = slot_get(node, &slot_batches);
+    PyObject *elapsed = batches == NULL ? NULL : difference(end, start);
+    PyObject *entry = elapsed == NULL ? NULL : Py_BuildValue("(nO)", read, elapsed);
+    Py_XDECREF(elapsed);
+    int failed = entry == NULL || PyList_Append(batches, entry) < 0;
+    Py_XDECREF(entry);
+    Py_ssize_t size = failed ? -1 : PyObject_Size(batches);
+    Py_XDECREF(batches);
+    if (size < 0) {
+        return -1;
+    }
+    if (size >= fold_at) {
+        PyObject *folded = PyObject_CallMethodOneArg(stacks, s_fold, node);
+        if (folded == NULL) {
+            return -1;
+        }
+        Py_DECREF(folded);
+    }
+    PyObject *timeline = PyObject_GetAttr(block->sw, s_timeline);
+    if (timeline == NULL || timeline == Py_None) {
+        Py_XDECREF(timeline);
+        return timeline == NULL ? -1 : 0;
+    }
+    PyObject *events = PyObject_GetAttr(timeline, s_events);
+    PyObject *event = events == NULL ? NULL : PyTuple_Pack(4, node, start, end, stack);
+    PyObject *added = event == NULL ? NULL : PyNumber_InPlaceAdd(events, event); /* timeline.events += (...) */
+    failed = added == NULL || PyObject_SetAttr(timeline, s_events, added) < 0;
+    Py_XDECREF(added);
+    Py_XDECREF(event);
+    Py_XDECREF(events);
+    Py_DECREF(timeline);
+    return failed ? -1 : 0;
+}
+
+/* ``[dataset[i] for i in remaining]``, appended to ``samples``: 0, or -1 with the exception. */
+static int
+read_into(PyObject *samples, PyObject *dataset, PyObject *remaining)
+{
+    PyObject *index;
+    while ((index = PyIter_Next(remaining)) != NULL) {
+        PyObject *sample = PyObject_GetItem(dataset, index);
+        Py_DECREF(index);
+        if (sample == NULL || PyList_Append(samples, sample) < 0) {
+            Py_XDECREF(sample);
+            return -1;
+        }
+        Py_DECREF(sample);
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The read's frame taken off the stack, and the batch recorded (see TimedGetItems.read's ``finally``): 0, or -1
+ * with an exception. */
+static int
+close_reads(BlockObject *block, PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame,
+            PyObject *parent, PyObject *node, Py_ssize_t read, PyObject *start)
+{
+    PyObject *end = read_clock(block->clock);
+    if (end == NULL) {
+        return -1;
+    }
+    int failed = 0;
+    PyObject *now_local = slot_get(stacks, &slot_local);
+    if (now_local == NULL) {
+        failed = 1;
+    }
+    else if (PyList_GET_SIZE(stack) > 0 && PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) == frame) {
+        failed = PyList_SetSlice(stack, PyList_GET_SIZE(stack) - 1, PyList_GET_SIZE(stack), NULL) < 0;
+        if (!failed && now_local == local && node != parent) { /* not switched; (DROPPED is its own child) */
+            failed = record_batch(block, stacks, stack, node, read, start, end) < 0;
+        }
+    }
+    else if (now_local == local) {
+        PyObject *hot = slot_get(stacks, &slot_hot);
+        int is_hot = hot == NULL ? -1 : PyObject_IsTrue(hot);
+        Py_XDECREF(hot);
+        PyObject *unwound = is_hot > 0 ? PyObject_CallMethodObjArgs(stacks, s_unwind, stack, (PyObject *)block, NULL)
+                                       : NULL;
+        failed = is_hot < 0 || (is_hot > 0 && unwound == NULL); /* blocks left open inside the read: as Block does */
+        Py_XDECREF(unwound);
+    }
+    Py_XDECREF(now_local);
+    Py_DECREF(end);
+    return failed ? -1 : 0;
+}
+
+static PyObject *
+read_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyObject_TypeCheck(args[1], &BlockBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "read_samples(fallback, block, dataset, indices)");
+        return NULL;
+    }
+    PyObject *fallback = args[0], *dataset = args[2], *indices = args[3];
+    BlockObject *block = (BlockObject *)args[1];
+    PyObject *stacks = block_stacks(block);
+    if (stacks == NULL) {
+        return NULL;
+    }
+    PyObject *result = NULL, *measuring = NULL, *local = NULL, *stack = NULL, *parent = NULL, *node = NULL,
+             *start = NULL, *frame = NULL, *samples = NULL, *remaining = NULL;
+    measuring = slot_get(stacks, &slot_measuring);
+    if (measuring == NULL) {
+        goto done;
+    }
+    if (measuring != Py_True) { /* off, or dropping: each sample as a block would be, in Python */
+        result = PyObject_CallFunctionObjArgs(fallback, block->sw, indices, NULL);
+        goto done;
+    }
+    if ((local = slot_get(stacks, &slot_local)) == NULL || (stack = thread_stack(stacks)) == NULL) {
+        goto done;
+    }
+    if ((remaining = PyObject_GetIter(indices)) == NULL || (samples = PyList_New(0)) == NULL) {
+        goto done;
+    }
+    PyObject *top = top_of(stack);
+    if (top == NULL || (parent = frame_item(top, 1)) == NULL || (node = child_node(block, parent)) == NULL ||
+        (start = read_clock(block->clock)) == NULL ||
+        (frame = PyTuple_Pack(3, (PyObject *)block, node, start)) == NULL || PyList_Append(stack, frame) < 0) {
+        goto done;
+    }
+    Py_ssize_t read;
+    int failed = read_into(samples, dataset, remaining) < 0;
+    if (failed) {
+        read = reads_before_failure(indices, remaining);
+    }
+    else {
+        read = PyList_GET_SIZE(samples);
+    }
+    if (read < 0) {
+        goto done;
+    }
+    if (failed) { /* the frame is closed and the batch recorded all the same; the read's exception goes on */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (close_reads(block, stacks, local, stack, frame, parent, node, read, start) < 0) {
+            Py_XDECREF(type); /* an exception while closing replaces it, as in a ``finally`` */
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+        }
+        else {
+            PyErr_Restore(type, value, traceback);
+        }
+        goto done;
+    }
+    if (close_reads(block, stacks, local, stack, frame, parent, node, read, start) == 0) {
+        result = Py_NewRef(samples);
+    }
+done:
+    Py_XDECREF(remaining);
+    Py_XDECREF(samples);
+    Py_XDECREF(frame);
+    Py_XDECREF(start);
+    Py_XDECREF(node);
+    Py_XDECREF(parent);
+    Py_XDECREF(stack);
+    Py_XDECREF(local);
+    Py_XDECREF(measuring);
+    Py_DECREF(stacks);
+    return result;
+}
+
+/* Interns the names above; 0, or -1 with an exception. */
+static int
+reads_ready(void)
+{
+    if ((s_timeline == NULL && (s_timeline = PyUnicode_InternFromString("timeline")) == NULL) ||
+        (s_events == NULL && (s_events = PyUnicode_InternFromString("events")) == NULL) ||
+        (s_len == NULL && (s_len = PyUnicode_InternFromString("__len__")) == NULL)) {
+        return -1;
+    }
+    return 0;
+}

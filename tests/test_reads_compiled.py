@@ -1,0 +1,182 @@
+"""A batch's dataset reads in the main process in C (``_reads.c``'s ``read_samples``) against the Python method it
+stands in for (``TimedGetItems.read``): the same samples, rows, calls, stack and errors in every case a read can
+meet, and the C one is what a single-process DataLoader of the default stopwatch uses where compiled."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import stepwatch
+from stepwatch import _block_base, _default_instance
+from stepwatch._constants import FOLD
+from stepwatch._dataloader.in_workers import TimedGetItems, dataset_timing
+
+pytestmark = pytest.mark.skipif(not _block_base.COMPILED, reason="the C speedups were not built here")
+
+Reads = Callable[[Any], Any]
+
+
+class Samples(Dataset[int]):
+    """Sample ``i`` is ``i * 10``; ``fail_at`` raises there; ``inside`` runs in each read (a block, a switch)."""
+
+    def __init__(self, fail_at: int | None = None, inside: Callable[[], None] | None = None) -> None:
+        self.fail_at, self.inside = fail_at, inside
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        if self.inside is not None:
+            self.inside()
+        if index == self.fail_at:
+            raise KeyError(f"sample {index}")
+        return index * 10
+
+
+def python_reads(wrapper: TimedGetItems) -> Reads:
+    return functools.partial(wrapper.read, _default_instance.stopwatch)
+
+
+def compiled_reads(wrapper: TimedGetItems) -> Reads:
+    from stepwatch._speedups import read_samples
+
+    sw = _default_instance.stopwatch
+    return functools.partial(read_samples, wrapper.read, sw.timed("dataset"), wrapper.dataset)
+
+
+def clean() -> None:
+    """The default stopwatch off and empty, and this thread's stack without frames a test left open."""
+    stepwatch.disable()
+    stepwatch.reset()
+    del _default_instance.stopwatch.stacks.thread_stack()[1:]
+
+
+@pytest.fixture(autouse=True)
+def fresh_default() -> Iterator[None]:
+    clean()
+    yield
+    clean()
+
+
+def outcome(make: Callable[[TimedGetItems], Reads], dataset: Any, batches: list[Any]) -> list[Any]:
+    """Reads each batch inside a ``loader`` block of the default stopwatch: what each read returned or raised,
+    the stack's depth after it, then the rows (path, calls) and the dataset node's batch entries' calls."""
+    sw = _default_instance.stopwatch
+    reads = make(dataset_timing(dataset, None))  # type: ignore[arg-type]
+    seen: list[Any] = []
+    with sw.timed("loader"):
+        depth = len(sw.stacks.thread_stack())
+        for indices in batches:
+            events = len(sw.timeline.events) if sw.timeline is not None else None
+            try:
+                seen.append(reads(indices))
+            except Exception as error:  # what is compared
+                seen.append(repr(error))
+            seen.append(len(sw.stacks.thread_stack()) - depth)
+            if events is not None and sw.timeline is not None:
+                seen.append(len(sw.timeline.events) - events)
+        node = sw.tree.phase("train").root.children["loader"].children.get("dataset")
+        seen.append([calls for calls, _ in node.batches] if node is not None else None)
+    summary = stepwatch.summary()
+    seen.append(sorted((row.path, row.calls) for row in summary.stages.values()) if summary.stages else [])
+    return seen
+
+
+def both(dataset: Any, batches: Callable[[], list[Any]], before: Callable[[], None] = stepwatch.enable) -> list[Any]:
+    """Each way's outcome (``batches`` made afresh for each: some are iterators), asserted the same."""
+    results = []
+    for make in (python_reads, compiled_reads):
+        clean()
+        before()
+        results.append(outcome(make, dataset, batches()))
+    assert results[0] == results[1], f"python: {results[0]}\nC: {results[1]}"
+    return results[1]
+
+
+def test_a_batch_is_read_and_recorded_as_the_python_method_does() -> None:
+    seen = both(Samples(), lambda: [[0, 1, 2], range(4, 8), iter([9])])
+    assert seen[0] == [0, 10, 20] and seen[2] == [40, 50, 60, 70] and seen[4] == [90]
+    assert seen[1] == seen[3] == seen[5] == 0  # the read's frame is gone
+    assert seen[6] == [3, 4, 1]  # one entry per batch, its calls the samples read
+    assert ("loader/dataset", 8) in seen[7]
+
+
+def test_a_failing_read_counts_the_samples_read_and_the_failed_one_and_raises() -> None:
+    seen = both(Samples(fail_at=5), lambda: [[3, 4, 5, 6, 7], [1]])
+    assert seen[0] == "KeyError('sample 5')" and seen[1] == 0
+    assert seen[4] == [3, 1]  # 3, 4 and the failing 5
+    unsized = both(Samples(fail_at=5), lambda: [iter([3, 4, 5, 6])])
+    assert unsized[2] == [1]  # indices without a length: the failed read alone, as in Python
+
+
+def test_indices_that_cannot_be_iterated_raise_and_leave_nothing_open() -> None:
+    seen = both(Samples(), lambda: [5, [1]])
+    assert seen[0] == "TypeError(\"'int' object is not iterable\")" and seen[1] == 0
+    assert seen[4] == [1]
+
+
+def test_blocks_inside_the_reads_nest_under_dataset() -> None:
+    def decode() -> None:
+        with stepwatch.timed("decode"):
+            pass
+
+    seen = both(Samples(inside=decode), lambda: [[1, 2], [3]])
+    assert ("loader/dataset/decode", 3) in seen[5]
+
+
+def test_a_block_left_open_inside_a_read_is_handled_as_the_python_method_does() -> None:
+    left_open = Samples(inside=lambda: stepwatch.timed("leaked").__enter__())
+    seen = both(left_open, lambda: [[1]])
+    assert seen[0] == [10] and seen[2] == []  # the read is not recorded: its nesting is wrong
+
+
+def test_a_reset_inside_a_read_records_nothing_and_raises_nothing() -> None:
+    seen = both(Samples(inside=stepwatch.reset), lambda: [[1, 2]])
+    assert seen[0] == [10, 20]
+
+
+def test_while_not_measuring_the_reads_go_to_the_python_method() -> None:
+    def on_then_off() -> None:
+        stepwatch.enable()
+        stepwatch.disable()  # was on: dropping
+
+    seen = both(Samples(), lambda: [[1, 2]], before=on_then_off)
+    assert seen[0] == [10, 20]
+
+
+def test_the_timeline_gets_the_batchs_event() -> None:
+    def with_timeline() -> None:
+        stepwatch.enable(trace_steps=4)
+
+    try:
+        seen = both(Samples(), lambda: [[1, 2], [3]], before=with_timeline)
+    finally:
+        _default_instance.stopwatch._set_timeline(None)
+    assert seen[2] == seen[5] == 4  # each read's event: (node, start, end, stack)
+
+
+def test_the_batches_fold_at_the_fold_size() -> None:
+    seen = both(Samples(), lambda: [[1]] * (FOLD + 3))
+    assert seen[-2] == [1, 1, 1]  # folded once FOLD entries were buffered
+    assert ("loader/dataset", FOLD + 3) in seen[-1]
+
+
+def test_a_single_process_loader_of_the_default_stopwatch_reads_in_c() -> None:
+    from stepwatch._speedups import read_samples
+
+    stepwatch.enable()
+    loader = DataLoader(TensorDataset(torch.arange(12.0)), batch_size=4)
+    for (batch,) in stepwatch.watch(loader):
+        assert batch.shape == (4,)
+        made_now = loader._get_iterator()  # as the loop's was: the watched loader's iterators read through us
+        assert made_now._dataset_fetcher.dataset.__getitems__.func is read_samples
+    stages = stepwatch.summary().stages
+    assert stages["first_batch/dataset"].calls + stages["loader/dataset"].calls == 12
+    plain = loader._get_iterator()  # outside a watch() loop, the loader reads as torch does
+    assert type(plain._dataset_fetcher.dataset) is TensorDataset
