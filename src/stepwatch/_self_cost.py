@@ -50,11 +50,13 @@ BLOCK_IN_C_WEIGHT = 0.3
 (``_boundary.c``: its loop's two frames swapped in C), in operations. The operation's cost is measured on
 stepwatch's step boundary where it runs in Python (the steps that measure it take the general path), and the C
 one costs a fraction of it in the same place (in ``benchmarks/auto.py``'s step: five blocks 8.3 us a step,
-1.7 us each, against a boundary of 6.2 us: 0.27). The per-sample ``dataset`` reads are Python, at one
-operation each."""
+1.7 us each, against a boundary of 6.2 us: 0.27). A ``dataset`` row's reads count as one operation a batch,
+and its wrapper as a patched call, also where the default stopwatch's single-process reads run in C
+(``_reads.c``): an over-count of about that much a batch there, not yet told apart."""
 
 PYTHON_ROWS = ("dataset",)
-"""The rows whose frames stepwatch opens and closes in Python, whether or not the blocks are compiled."""
+"""The rows counted as frames opened and closed in Python, whether or not the blocks are compiled (the default
+stopwatch's single-process reads are in C where compiled, and counted so all the same: see above)."""
 
 IN_SITU = 24
 """Blocks timed between the training's own steps (one a step, from the third) for the in-situ cost."""
