@@ -1,6 +1,7 @@
-"""A batch's dataset reads in the main process in C (``_reads.c``'s ``read_samples``) against the Python method it
-stands in for (``TimedGetItems.read``): the same samples, rows, calls, stack and errors in every case a read can
-meet, and the C one is what a single-process DataLoader of the default stopwatch uses where compiled."""
+"""A batch's dataset reads and collate in the main process in C (``_reads.c``'s ``read_samples`` and
+``collate_samples``) against the Python they stand in for (``TimedGetItems.read``, ``TimedCollate.__call__``):
+the same samples, batches, rows, calls, stack and errors in every case they can meet, and the C ones are what a
+single-process DataLoader of the default stopwatch uses where compiled."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import stepwatch
 from stepwatch import _block_base, _default_instance
 from stepwatch._constants import FOLD
-from stepwatch._dataloader.in_workers import TimedGetItems, dataset_timing
+from stepwatch._dataloader.in_workers import TimedCollate, TimedGetItems, dataset_timing
 
 pytestmark = pytest.mark.skipif(not _block_base.COMPILED, reason="the C speedups were not built here")
 
@@ -168,7 +169,7 @@ def test_the_batches_fold_at_the_fold_size() -> None:
 
 
 def test_a_single_process_loader_of_the_default_stopwatch_reads_in_c() -> None:
-    from stepwatch._speedups import read_samples
+    from stepwatch._speedups import collate_samples, read_samples
 
     stepwatch.enable()
     loader = DataLoader(TensorDataset(torch.arange(12.0)), batch_size=4)
@@ -176,7 +177,82 @@ def test_a_single_process_loader_of_the_default_stopwatch_reads_in_c() -> None:
         assert batch.shape == (4,)
         made_now = loader._get_iterator()  # as the loop's was: the watched loader's iterators read through us
         assert made_now._dataset_fetcher.dataset.__getitems__.func is read_samples
+        assert made_now._dataset_fetcher.collate_fn.func is collate_samples
     stages = stepwatch.summary().stages
     assert stages["first_batch/dataset"].calls + stages["loader/dataset"].calls == 12
+    assert stages["first_batch/collate"].calls + stages["loader/collate"].calls == 3
     plain = loader._get_iterator()  # outside a watch() loop, the loader reads as torch does
     assert type(plain._dataset_fetcher.dataset) is TensorDataset
+
+
+Collate = Callable[[Any], Any]
+
+
+def python_collate(collate: TimedCollate) -> Collate:
+    return collate
+
+
+def compiled_collate(collate: TimedCollate) -> Collate:
+    from stepwatch._speedups import collate_samples
+
+    return functools.partial(collate_samples, collate, _default_instance.stopwatch.timed("collate"))
+
+
+def collated(make: Callable[[TimedCollate], Collate], function: Collate, flags: tuple[bool, bool]) -> list[Any]:
+    """Collates three batches inside a ``loader`` block of the default stopwatch, with the wrapper's
+    (enabled, watching) ``flags``: what each returned or raised and the stack's depth after it, then the rows."""
+    clean()
+    stepwatch.enable()
+    sw = _default_instance.stopwatch
+    collate = TimedCollate(function, None)
+    collate.enabled, collate.watching = flags
+    call = make(collate)
+    seen: list[Any] = []
+    with sw.timed("loader"):
+        depth = len(sw.stacks.thread_stack())
+        for samples in ([1, 2], [3], [4, 5, 6]):
+            try:
+                seen.append(call(samples))
+            except Exception as error:  # what is compared
+                seen.append(repr(error))
+            seen.append(len(sw.stacks.thread_stack()) - depth)
+    seen.append(sorted((row.path, row.calls) for row in stepwatch.summary().stages.values()))
+    return seen
+
+
+def collated_both(function: Collate, flags: tuple[bool, bool] = (True, True)) -> list[Any]:
+    python, compiled = (collated(make, function, flags) for make in (python_collate, compiled_collate))
+    assert python == compiled, f"python: {python}\nC: {compiled}"
+    return compiled
+
+
+def test_a_collate_is_timed_as_the_python_wrapper_times_it() -> None:
+    seen = collated_both(sum)
+    assert seen[:6] == [3, 0, 3, 0, 15, 0]
+    assert ("loader/collate", 3) in seen[6]
+
+
+def test_blocks_inside_a_collate_nest_under_it() -> None:
+    def stacked(samples: list[int]) -> int:
+        with stepwatch.timed("stack"):
+            return len(samples)
+
+    assert ("loader/collate/stack", 3) in collated_both(stacked)[6]
+
+
+def test_a_failing_collate_raises_through_its_block_and_leaves_nothing_open() -> None:
+    def fails_on_one(samples: list[int]) -> int:
+        if len(samples) == 1:
+            raise ValueError("one sample")
+        return len(samples)
+
+    seen = collated_both(fails_on_one)
+    assert seen[2] == "ValueError('one sample')" and seen[3] == 0
+    assert ("loader/collate", 3) in seen[6]  # the failed one timed too, as a with block times it
+
+
+@pytest.mark.parametrize("flags", [(False, True), (True, False), (False, False)])
+def test_a_collate_not_enabled_or_not_watching_is_the_wrapped_function_alone(flags: tuple[bool, bool]) -> None:
+    seen = collated_both(sum, flags)
+    assert seen[:6] == [3, 0, 3, 0, 15, 0]
+    assert not any(path.endswith("collate") for path, _ in seen[6])

@@ -58,48 +58,56 @@ common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *ar
     return stage;
 }
 
-/* The original called inside ``block`` (entered and exited as a ``with`` statement would), with ``busy``
- * raised around it. */
+/* ``callable(*args)`` inside ``block``, entered and exited as a ``with`` statement would (the exception, if any,
+ * passed to ``__exit__``, suppressed where it says so). Also a batch's collate (_reads.c). */
+static PyObject *
+with_block(PyObject *block, PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *entered = PyObject_CallMethodNoArgs(block, s_enter);
+    if (entered == NULL) {
+        return NULL;
+    }
+    Py_DECREF(entered);
+    PyObject *result = PyObject_Vectorcall(callable, args, nargsf, kwnames);
+    PyObject *exited;
+    if (result != NULL) {
+        exited = PyObject_CallMethodObjArgs(block, s_exit, Py_None, Py_None, Py_None, NULL);
+    }
+    else {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL) {
+            PyException_SetTraceback(value, traceback);
+        }
+        exited = PyObject_CallMethodObjArgs(block, s_exit, type, value, traceback ? traceback : Py_None, NULL);
+        int suppress = exited == NULL ? 0 : PyObject_IsTrue(exited);
+        if (exited != NULL && suppress == 0) {
+            PyErr_Restore(type, value, traceback); /* the exception goes on */
+        }
+        else {
+            Py_XDECREF(type); /* __exit__ raised (its exception replaces it) or swallowed it */
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+            if (suppress > 0) {
+                result = Py_NewRef(Py_None);
+            }
+        }
+    }
+    if (exited == NULL) {
+        Py_CLEAR(result);
+    }
+    Py_XDECREF(exited);
+    return result;
+}
+
+/* The original called inside ``block``, with ``busy`` raised around it. */
 static PyObject *
 call_in_block(AutoCallObject *self, AutoStateObject *session, PyObject *block, PyObject *const *args,
               size_t nargsf, PyObject *kwnames)
 {
     session->busy++;
-    PyObject *result = NULL;
-    PyObject *entered = PyObject_CallMethodNoArgs(block, s_enter);
-    if (entered != NULL) {
-        Py_DECREF(entered);
-        result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-        PyObject *exited;
-        if (result != NULL) {
-            exited = PyObject_CallMethodObjArgs(block, s_exit, Py_None, Py_None, Py_None, NULL);
-        }
-        else {
-            PyObject *type, *value, *traceback;
-            PyErr_Fetch(&type, &value, &traceback);
-            PyErr_NormalizeException(&type, &value, &traceback);
-            if (traceback != NULL) {
-                PyException_SetTraceback(value, traceback);
-            }
-            exited = PyObject_CallMethodObjArgs(block, s_exit, type, value, traceback ? traceback : Py_None, NULL);
-            int suppress = exited == NULL ? 0 : PyObject_IsTrue(exited);
-            if (exited != NULL && suppress == 0) {
-                PyErr_Restore(type, value, traceback); /* the exception goes on */
-            }
-            else {
-                Py_XDECREF(type); /* __exit__ raised (its exception replaces it) or swallowed it */
-                Py_XDECREF(value);
-                Py_XDECREF(traceback);
-                if (suppress > 0) {
-                    result = Py_NewRef(Py_None);
-                }
-            }
-        }
-        if (exited == NULL) {
-            Py_CLEAR(result);
-        }
-        Py_XDECREF(exited);
-    }
+    PyObject *result = with_block(block, self->original, args, nargsf, kwnames);
     session->busy--;
     return result;
 }

@@ -11,7 +11,7 @@
  * The module's other parts, each in a file of its own included here: the slots read at their offsets
  * (_slots.c), the thread's stack, the clock, frames and buffers (_frames.c), auto()'s state and wrappers
  * (_auto_state.c, _auto_calls.c), count() (_counts.c, _counter.c), a timed loop's steady step boundary (_boundary.c) and
- * timed()'s lookup (_lookup.c), a batch's reads in the main process (_reads.c).
+ * timed()'s lookup (_lookup.c), a batch's reads and collate in the main process (_reads.c).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -304,6 +304,8 @@ static PyMethodDef module_methods[] = {
      "swap_frame(...): a timed loop's steady step boundary, one half (see stepwatch/_boundary.c)."},
     {"read_samples", (PyCFunction)(void (*)(void))read_samples, METH_FASTCALL,
      "read_samples(fallback, block, dataset, indices): a batch's reads in the main process (see stepwatch/_reads.c)."},
+    {"collate_samples", (PyCFunction)(void (*)(void))collate_samples, METH_FASTCALL,
+     "collate_samples(collate, block, samples): a batch's collate in the main process (see stepwatch/_reads.c)."},
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,
      "configure_slots(ThreadStacks, Node, Phase, LOOP): where the hot path's slots are (see stepwatch/_slots.c)."},
     {NULL, NULL, 0, NULL},

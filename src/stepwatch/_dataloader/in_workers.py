@@ -12,7 +12,6 @@ With ``num_workers=0`` everything runs in the main process and is recorded direc
 
 from __future__ import annotations
 
-import functools
 import operator
 import os
 import time
@@ -20,7 +19,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import _default_instance
-from .._block_base import COMPILED
 from .._constants import FOLD
 from .._stats import Partial
 
@@ -266,52 +264,6 @@ def install_dataset_timing(dataset: Any, stopwatch: Stopwatch | None) -> TimedGe
     except (AttributeError, TypeError):
         return None
     return wrapper
-
-
-class TimedReads:
-    """What a single-process iterator's fetcher reads instead of the dataset (``num_workers=0``): its
-    ``__getitems__`` times the batch's reads, and the dataset itself is left untouched. An attribute set on
-    the dataset would cost each sample's own attribute reads: Python stops sharing the keys of an instance's
-    dictionary once an attribute is added to it (about 50 instructions a sample more in
-    ``TensorDataset.__getitem__``, measured with Valgrind)."""
-
-    __slots__ = ("__getitems__", "dataset")
-
-    def __init__(self, dataset: Any, wrapper: TimedGetItems) -> None:
-        self.dataset = dataset
-        # the default stopwatch's reads: the reading itself, without the checks of where it runs and for whom
-        # that TimedGetItems.__call__ makes at each batch (a call less); its common case in C where compiled
-        default = wrapper._stopwatch is None or wrapper._stopwatch is _default_instance.stopwatch
-        self.__getitems__ = _default_reads(wrapper) if default else wrapper
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.dataset[index]
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    @staticmethod
-    def install(iterator: Any, wrapper: TimedGetItems) -> bool:
-        """Times the reads of a single-process DataLoader iterator whose fetcher batches a map-style dataset
-        (torch's own fetcher, read by attribute); False where it is another kind."""
-        from torch.utils.data._utils.fetch import _MapDatasetFetcher
-
-        fetcher = getattr(iterator, "_dataset_fetcher", None)
-        if type(fetcher) is not _MapDatasetFetcher or not fetcher.auto_collation:
-            return False
-        fetcher.dataset = TimedReads(fetcher.dataset, wrapper)
-        return True
-
-
-def _default_reads(wrapper: TimedGetItems) -> Callable[[Any], Any]:
-    """The default stopwatch's reads of a batch in the main process: ``read_samples`` (``_reads.c``) where
-    compiled and the dataset has no ``__getitems__`` of its own, ``TimedGetItems.read`` otherwise."""
-    stopwatch = _default_instance.stopwatch
-    if not COMPILED or wrapper.inner is not None:
-        return functools.partial(wrapper.read, stopwatch)
-    from .._speedups import read_samples  # type: ignore[import-not-found,unused-ignore]
-
-    return functools.partial(read_samples, wrapper.read, stopwatch.timed("dataset"), wrapper.dataset)
 
 
 class _TimedIterable:

@@ -22,13 +22,13 @@ from .in_workers import (
     Carrier,
     TimedCollate,
     TimedGetItems,
-    TimedReads,
     WorkerInit,
     WorkerReport,
     dataset_timing,
     in_worker,
     unwrapped,
 )
+from .single_process import TimedReads, install_collate
 
 if TYPE_CHECKING:
     from .._recorder import Stopwatch
@@ -73,8 +73,9 @@ class Unwrapping:
         loader = self.loader
         iterator = type(loader)._get_iterator(loader)
         if loader.num_workers == 0:
-            if self.reads is not None:
+            if self.reads is not None:  # a watch() loop's iterator
                 TimedReads.install(iterator, self.reads)
+                install_collate(iterator)
             if self.on_batch is None and not in_worker():
                 return iterator  # its batches are plain: nothing to unwrap, no call added to each
         return self.wrap(iterator)
