@@ -125,3 +125,33 @@ def test_samples_read_together_keep_exact_totals_and_a_consistent_spread(batches
     stage = StageStats.from_running("loader/dataset", stats)
     assert stage.mean == pytest.approx(stats.total_ns / stats.calls / 1e9)
     assert stage.std >= 0
+
+
+@given(
+    st.lists(st.tuples(st.integers(-2, 4096), st.integers(0, 10**15)), max_size=40),
+    st.lists(st.tuples(st.integers(1, 64), st.integers(0, 10**9)), max_size=5),
+)
+def test_batches_folded_together_are_what_each_folded_alone_would_be(
+    batches: list[tuple[int, int]], before: list[tuple[int, int]]
+) -> None:
+    """The fold of a buffer of batches against the formulas of one batch at a time (ceil of total^2 / calls,
+    the mean rounded down and up), after some batches already folded; batches of no samples are skipped."""
+    together = RunningStats(window=16)
+    together.add_sample_batches(before)
+    together.add_sample_batches(batches)
+    calls = total = sumsq = 0
+    low: int | None = None
+    high: int | None = None
+    recent: list[int] = []
+    for samples, total_ns in before + batches:
+        if samples <= 0:
+            continue
+        calls, total = calls + samples, total + total_ns
+        sumsq += -(-total_ns * total_ns // samples)
+        mean_low, mean_high = total_ns // samples, -(-total_ns // samples)
+        low = mean_low if low is None else min(low, mean_low)
+        high = mean_high if high is None else max(high, mean_high)
+        recent.append(mean_low)
+    assert (together.calls, together.total_ns, together.sumsq_ns) == (calls, total, sumsq)
+    assert (together.min_ns, together.max_ns) == (low, high)
+    assert list(together.recent) == recent[-16:]

@@ -293,8 +293,7 @@ def fold(node: Node) -> None:
     if node.batches:
         batches = node.batches
         count = len(batches)
-        for calls, total_ns in batches[:count]:
-            node.stats.add_samples(calls, total_ns)
+        node.stats.add_sample_batches(batches[:count])
         del batches[:count]
     for buf, stats in ((node.buf, node.stats), (node.device_buf, node.device_stats)):
         count = len(buf)
