@@ -47,8 +47,10 @@ def python_reads(wrapper: TimedGetItems) -> Reads:
 def compiled_reads(wrapper: TimedGetItems) -> Reads:
     from stepwatch._speedups import read_samples
 
+    from stepwatch._dataloader.single_process import read_all
+
     sw = _default_instance.stopwatch
-    return functools.partial(read_samples, wrapper.read, sw.timed("dataset"), wrapper.dataset)
+    return functools.partial(read_samples, wrapper.read, sw.timed("dataset"), wrapper.dataset, read_all)
 
 
 def clean() -> None:
@@ -256,3 +258,22 @@ def test_a_collate_not_enabled_or_not_watching_is_the_wrapped_function_alone(fla
     seen = collated_both(sum, flags)
     assert seen[:6] == [3, 0, 3, 0, 15, 0]
     assert not any(path.endswith("collate") for path, _ in seen[6])
+
+
+def test_the_c_read_leaves_the_samples_to_the_interpreters_own_loop() -> None:
+    """Each ``__getitem__`` is called from a list comprehension (``read_all``), never from C: from C each call
+    re-entered the interpreter, about 100 ns a sample, a cost that grew with the batch."""
+    import sys
+
+    callers: list[str] = []
+
+    class Recording(Samples):
+        def __getitem__(self, index: int) -> int:
+            callers.append(sys._getframe(1).f_code.co_qualname)
+            return index
+
+    stepwatch.enable()
+    reads = compiled_reads(dataset_timing(Recording(), None))  # type: ignore[arg-type]
+    with stepwatch.timed("loader"):
+        assert reads(range(5)) == [0, 1, 2, 3, 4]
+    assert callers == ["read_all.<locals>.<listcomp>"] * 5

@@ -303,7 +303,7 @@ static PyMethodDef module_methods[] = {
     {"swap_frame", (PyCFunction)(void (*)(void))swap_frame, METH_FASTCALL,
      "swap_frame(...): a timed loop's steady step boundary, one half (see stepwatch/_boundary.c)."},
     {"read_samples", (PyCFunction)(void (*)(void))read_samples, METH_FASTCALL,
-     "read_samples(fallback, block, dataset, indices): a batch's reads in the main process (see stepwatch/_reads.c)."},
+     "read_samples(fallback, block, dataset, read_all, indices): a batch's reads (see stepwatch/_reads.c)."},
     {"collate_samples", (PyCFunction)(void (*)(void))collate_samples, METH_FASTCALL,
      "collate_samples(collate, block, samples): a batch's collate in the main process (see stepwatch/_reads.c)."},
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,

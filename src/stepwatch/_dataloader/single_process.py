@@ -5,7 +5,7 @@ C (``_reads.c``) for the default stopwatch where compiled."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _default_instance
@@ -56,7 +56,13 @@ def default_reads(wrapper: TimedGetItems) -> Callable[[Any], Any]:
         return functools.partial(wrapper.read, stopwatch)
     from .._speedups import read_samples  # type: ignore[import-not-found,unused-ignore]
 
-    return functools.partial(read_samples, wrapper.read, stopwatch.timed("dataset"), wrapper.dataset)
+    return functools.partial(read_samples, wrapper.read, stopwatch.timed("dataset"), wrapper.dataset, read_all)
+
+
+def read_all(dataset: Any, indices: Iterator[Any]) -> list[Any]:
+    """A batch's samples, read by the interpreter's own loop (which calls ``__getitem__`` without re-entering
+    itself: read from C, each sample cost about 100 ns more)."""
+    return [dataset[index] for index in indices]
 
 
 def install_collate(iterator: Any) -> bool:
