@@ -113,26 +113,22 @@ difference(PyObject *end, PyObject *start)
     return PyNumber_Subtract(end, start);
 }
 
-/* ``buf.append(elapsed)``, then ``stacks.fold(node)`` once ``len(buf)`` reaches the fold size. */
+/* ``list.append(item)``, then ``stacks.fold(node)`` once ``len(list)`` reaches the fold size (``list``: a node's
+ * buffer, or its batches): 0, or -1 with an exception. */
 static int
-record(PyObject *stacks, PyObject *node, PyObject *elapsed)
+append_and_fold(PyObject *stacks, PyObject *node, PyObject *list, PyObject *item)
 {
-    PyObject *buf = slot_get(node, &slot_buf);
-    if (buf == NULL) {
-        return -1;
-    }
     int failed;
-    if (PyList_Check(buf)) {
-        failed = PyList_Append(buf, elapsed);
+    if (PyList_Check(list)) {
+        failed = PyList_Append(list, item);
     }
     else {
-        PyObject *appended = PyObject_CallMethod(buf, "append", "O", elapsed);
+        PyObject *appended = PyObject_CallMethod(list, "append", "O", item);
         failed = appended == NULL;
         Py_XDECREF(appended);
     }
     /* (a dropped node's buffer, a list subclass, always reads as full) */
-    Py_ssize_t size = failed ? -1 : PyList_CheckExact(buf) ? PyList_GET_SIZE(buf) : PyObject_Size(buf);
-    Py_DECREF(buf);
+    Py_ssize_t size = failed ? -1 : PyList_CheckExact(list) ? PyList_GET_SIZE(list) : PyObject_Size(list);
     if (size < 0) {
         return -1;
     }
@@ -144,4 +140,17 @@ record(PyObject *stacks, PyObject *node, PyObject *elapsed)
         Py_DECREF(folded);
     }
     return 0;
+}
+
+/* ``buf.append(elapsed)``, then ``stacks.fold(node)`` once ``len(buf)`` reaches the fold size. */
+static int
+record(PyObject *stacks, PyObject *node, PyObject *elapsed)
+{
+    PyObject *buf = slot_get(node, &slot_buf);
+    if (buf == NULL) {
+        return -1;
+    }
+    int failed = append_and_fold(stacks, node, buf, elapsed);
+    Py_DECREF(buf);
+    return failed;
 }

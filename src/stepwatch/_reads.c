@@ -53,19 +53,11 @@ record_batch(BlockObject *block, PyObject *stacks, PyObject *stack, PyObject *no
     PyObject *elapsed = batches == NULL ? NULL : difference(end, start);
     PyObject *entry = elapsed == NULL ? NULL : Py_BuildValue("(nO)", read, elapsed);
     Py_XDECREF(elapsed);
-    int failed = entry == NULL || PyList_Append(batches, entry) < 0;
+    int failed = entry == NULL || append_and_fold(stacks, node, batches, entry) < 0;
     Py_XDECREF(entry);
-    Py_ssize_t size = failed ? -1 : PyObject_Size(batches);
     Py_XDECREF(batches);
-    if (size < 0) {
+    if (failed) {
         return -1;
-    }
-    if (size >= fold_at) {
-        PyObject *folded = PyObject_CallMethodOneArg(stacks, s_fold, node);
-        if (folded == NULL) {
-            return -1;
-        }
-        Py_DECREF(folded);
     }
     PyObject *timeline = PyObject_GetAttr(block->sw, s_timeline);
     if (timeline == NULL || timeline == Py_None) {
