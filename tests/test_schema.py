@@ -183,8 +183,9 @@ def assert_usable(raw: bytes, where: str) -> None:
         return
     rendered = {format.name: format.render(summary) for format in FORMATS.values() if format.name != "html"}
     assert all(isinstance(text, str) for text in rendered.values())
-    # the page's tables for every document; its plots (a tenth of a second each) for one in 100
-    page = render_html(summary, where, plots=zlib.crc32(where.encode()) % 100 == 0)
+    # the page's tables for every document; its plots (half a second each on a slow machine) for one in 400:
+    # still about a hundred of the 37,000 mutated documents plotted
+    page = render_html(summary, where, plots=zlib.crc32(where.encode()) % 400 == 0)
     assert page.endswith("</body></html>\n") and page.count("<table") >= len(summary.phases)
     render_comparison(compare(summary, summary))
     render_comparison(compare(summary, CPU_SUMMARY))
