@@ -12,9 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepwatch import Stopwatch
+from stepwatch._block_base import fold_durations
 from stepwatch._figures import StageStats
 from stepwatch._schema import check_stats
-from stepwatch._stats import RunningStats, percentile
+from stepwatch._stats import RunningStats, percentile, python_fold_durations
 
 from .conftest import FakeClock
 
@@ -155,3 +156,47 @@ def test_batches_folded_together_are_what_each_folded_alone_would_be(
     assert (together.calls, together.total_ns, together.sumsq_ns) == (calls, total, sumsq)
     assert (together.min_ns, together.max_ns) == (low, high)
     assert list(together.recent) == recent[-16:]
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(-(2**53) + 1, 2**53 - 1),
+            st.integers(0, 10**7),
+            st.sampled_from([2**53, -(2**53), 2**63, 10**30, -1, 0]),
+        ),
+        max_size=40,
+    ),
+    st.lists(st.integers(0, 10**9), max_size=5),
+)
+def test_a_buffer_folds_as_the_builtins_fold_it(durations: list[int], before: list[int]) -> None:
+    """The buffer's fold (in one pass in C where compiled: ``_fold.c``) against the builtins' loops, exactly:
+    its totals, extremes and window, after measurements already folded; values of 2**53 or more, which the C
+    fold leaves to Python, among them."""
+    stats = RunningStats(window=8)
+    stats.add_batch(list(before))
+    stats.add_batch(list(durations))
+    everything = before + durations
+    if fold_durations is not None and durations:
+        folded = fold_durations(list(durations))
+        exact = all(abs(value) < 2**53 for value in durations)
+        assert folded == (python_fold_durations(durations) if exact else None)
+    assert (stats.calls, stats.total_ns) == (len(everything), sum(everything))
+    assert stats.sumsq_ns == sum(value * value for value in everything)
+    assert (stats.min_ns, stats.max_ns) == ((min(everything), max(everything)) if everything else (None, None))
+    assert list(stats.recent) == everything[-8:]
+
+
+def test_the_fold_of_a_long_buffer_and_of_what_is_not_a_list() -> None:
+    """Sums past 64 bits stay exact (a square of 2**53 - 1, many times); a tuple or a list of floats folds
+    through the builtins."""
+    big = [2**53 - 1] * 3000
+    stats = RunningStats()
+    stats.add_batch(big)
+    assert (stats.total_ns, stats.sumsq_ns) == (3000 * (2**53 - 1), 3000 * (2**53 - 1) ** 2)
+    if fold_durations is not None:
+        assert fold_durations(big) == python_fold_durations(big)
+        assert fold_durations([1, 2.0]) is None and fold_durations((1, 2)) is None  # type: ignore[arg-type]
+        assert fold_durations([-(2**53) + 1]) == (-(2**53) + 1, (2**53 - 1) ** 2, -(2**53) + 1, -(2**53) + 1)
+    stats.add_batch((5, 7))
+    assert (stats.calls, stats.min_ns, stats.max_ns) == (3002, 5, 2**53 - 1)

@@ -121,6 +121,13 @@ def python_swap_frame(
     return opened
 
 
+fold_durations: Callable[[list[int]], tuple[int, int, int, int] | None] | None = None
+"""A stage's buffer folded in one pass in C (``_fold.c``), where the blocks are compiled: ``(total, sum of
+squares, min, max)``, or None where it cannot be exact; None elsewhere (``RunningStats.add_batch`` then runs its
+Python loops)."""
+if COMPILED:
+    from ._speedups import fold_durations as fold_durations  # type: ignore[import-not-found,no-redef,unused-ignore]
+
 AutoCall: Any = None
 """auto()'s wrappers' common case in C (``_auto_calls.c``), where the blocks are compiled; None elsewhere."""
 AutoState: type = object

@@ -278,6 +278,7 @@ static PyTypeObject BlockBaseType = {
 #include "_boundary.c"
 #include "_lookup.c"
 #include "_reads.c"
+#include "_fold.c"
 
 static PyObject *
 configure(PyObject *Py_UNUSED(module), PyObject *fold)
@@ -306,6 +307,8 @@ static PyMethodDef module_methods[] = {
      "read_samples(fallback, block, dataset, read_all, indices): a batch's reads (see stepwatch/_reads.c)."},
     {"collate_samples", (PyCFunction)(void (*)(void))collate_samples, METH_FASTCALL,
      "collate_samples(collate, block, samples): a batch's collate in the main process (see stepwatch/_reads.c)."},
+    {"fold_durations", fold_durations, METH_O,
+     "fold_durations(list): (total, sum of squares, min, max) of a stage's buffer, or None (see stepwatch/_fold.c)."},
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,
      "configure_slots(ThreadStacks, Node, Phase, LOOP): where the hot path's slots are (see stepwatch/_slots.c)."},
     {NULL, NULL, 0, NULL},

@@ -13,11 +13,18 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ._block_base import fold_durations
+
 Partial = tuple[int, int, int, int, int, list[int]]
 """Statistics in transit: (calls, total_ns, sumsq_ns, min_ns, max_ns, recent_ns)."""
 
 DEFAULT_WINDOW = 1024
 """How many recent measurements each stage keeps for percentiles and the per-measurement export."""
+
+
+def python_fold_durations(durations: Sequence[int]) -> tuple[int, int, int, int]:
+    """(total, sum of squares, min, max) of durations: what ``_fold.c`` computes in one pass where compiled."""
+    return sum(durations), sum(map(operator.mul, durations, durations)), min(durations), max(durations)
 
 
 def percentile(sorted_values: Sequence[int], q: float) -> float:
@@ -49,13 +56,17 @@ class RunningStats:
         self.recent = deque(self.recent, maxlen=self.window)
 
     def add_batch(self, durations: Sequence[int]) -> None:
-        """Fold a batch of durations in; the loops run in C (sum, map, min, max, deque.extend)."""
+        """Fold a batch of durations in: in one pass in C where compiled (``fold_durations``), else with the
+        builtins' loops (sum, map, min, max); deque.extend either way."""
         if not durations:
             return
+        folded = fold_durations(durations) if fold_durations is not None and isinstance(durations, list) else None
+        if folded is None:
+            folded = python_fold_durations(durations)
+        total, squares, low, high = folded
         self.calls += len(durations)
-        self.total_ns += sum(durations)
-        self.sumsq_ns += sum(map(operator.mul, durations, durations))
-        low, high = min(durations), max(durations)
+        self.total_ns += total
+        self.sumsq_ns += squares
         self.min_ns = low if self.min_ns is None else min(self.min_ns, low)
         self.max_ns = high if self.max_ns is None else max(self.max_ns, high)
         self.recent.extend(durations)
