@@ -57,18 +57,28 @@ thread_stack(PyObject *stacks)
 
 static PyObject *perf_counter_ns; /* time.perf_counter_ns */
 
-/* ``clock()``. The default clock, ``time.perf_counter_ns``, is CLOCK_MONOTONIC on Linux, read here directly: in a
- * real step, where stepwatch is out of the caches, the call through Python's machinery took about 1.8 us. */
-static PyObject *
-read_clock(PyObject *clock)
+/* The default clock, ``time.perf_counter_ns``, is CLOCK_MONOTONIC on Linux, read here directly as a C integer
+ * (1); 0 where the clock is another, which is called (``read_clock``). In a real step, where stepwatch is out of
+ * the caches, the call through Python's machinery took about 1.8 us. */
+static int
+read_clock_raw(PyObject *clock, long long *now_ns)
 {
 #if defined(__linux__) && defined(CLOCK_MONOTONIC)
     struct timespec now;
     if (clock == perf_counter_ns && clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
-        return PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + (long long)now.tv_nsec);
+        *now_ns = (long long)now.tv_sec * 1000000000LL + (long long)now.tv_nsec;
+        return 1;
     }
 #endif
-    return PyObject_CallNoArgs(clock);
+    return 0;
+}
+
+/* ``clock()``, a Python int. */
+static PyObject *
+read_clock(PyObject *clock)
+{
+    long long now_ns;
+    return read_clock_raw(clock, &now_ns) ? PyLong_FromLongLong(now_ns) : PyObject_CallNoArgs(clock);
 }
 
 /* ``frame[index]`` of a frame (a tuple, or a list for a device frame): a new reference. */
@@ -111,6 +121,27 @@ difference(PyObject *end, PyObject *start)
         }
     }
     return PyNumber_Subtract(end, start);
+}
+
+/* ``end - start`` where the end is the default clock's reading as a C integer (``read_clock_raw``): the
+ * difference is the one Python int made, not the end's reading as well. */
+static PyObject *
+elapsed_since(long long end_ns, PyObject *start)
+{
+    if (PyLong_CheckExact(start)) {
+        int overflow;
+        long long first = PyLong_AsLongLongAndOverflow(start, &overflow);
+        if (!overflow && first >= 0 && end_ns >= 0) {
+            return PyLong_FromLongLong(end_ns - first); /* (same signs: no overflow) */
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    PyObject *end = PyLong_FromLongLong(end_ns);
+    PyObject *elapsed = end == NULL ? NULL : difference(end, start);
+    Py_XDECREF(end);
+    return elapsed;
 }
 
 /* ``list.append(item)``, then ``stacks.fold(node)`` once ``len(list)`` reaches the fold size (``list``: a node's

@@ -158,6 +158,8 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *result = NULL, *hot = NULL, *end = NULL, *stack = NULL, *frame = NULL, *node = NULL, *start = NULL,
              *elapsed = NULL;
+    long long end_ns = 0;
+    int raw = 0;
     hot = slot_get(stacks, &slot_hot);
     if (hot == NULL) {
         goto done;
@@ -167,8 +169,8 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if (is_hot) {
-        end = read_clock(self->clock);
-        if (end == NULL || (stack = thread_stack(stacks)) == NULL) {
+        raw = read_clock_raw(self->clock, &end_ns); /* the default clock: no Python int for the end */
+        if ((!raw && (end = PyObject_CallNoArgs(self->clock)) == NULL) || (stack = thread_stack(stacks)) == NULL) {
             goto done;
         }
         PyObject *top = top_of(stack);
@@ -187,7 +189,8 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_SET_SIZE(stack, PyList_GET_SIZE(stack) - 1);
             Py_DECREF(frame);
             if ((node = frame_item(frame, 1)) == NULL || (start = frame_item(frame, 2)) == NULL ||
-                (elapsed = difference(end, start)) == NULL || record(stacks, node, elapsed) < 0) {
+                (elapsed = raw ? elapsed_since(end_ns, start) : difference(end, start)) == NULL ||
+                record(stacks, node, elapsed) < 0) {
                 goto done;
             }
         }
