@@ -105,33 +105,16 @@ top_of(PyObject *stack)
     return PyList_GET_ITEM(stack, size - 1);
 }
 
-/* ``end - start``, two ints of nanoseconds (any other numbers through Python's subtraction). */
-static PyObject *
-difference(PyObject *end, PyObject *start)
-{
-    if (PyLong_CheckExact(end) && PyLong_CheckExact(start)) {
-        int end_overflow, start_overflow;
-        long long last = PyLong_AsLongLongAndOverflow(end, &end_overflow);
-        long long first = PyLong_AsLongLongAndOverflow(start, &start_overflow);
-        if (!end_overflow && !start_overflow && !PyErr_Occurred() && (first >= 0) == (last >= 0)) {
-            return PyLong_FromLongLong(last - first); /* (same signs: no overflow) */
-        }
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-    }
-    return PyNumber_Subtract(end, start);
-}
-
-/* ``end - start`` where the end is the default clock's reading as a C integer (``read_clock_raw``): the
- * difference is the one Python int made, not the end's reading as well. */
+/* ``end - start`` where the end is a C integer of nanoseconds (the default clock's reading, ``read_clock_raw``):
+ * the difference is the one Python int made; a start that is not an int of the same sign goes through Python's
+ * subtraction. */
 static PyObject *
 elapsed_since(long long end_ns, PyObject *start)
 {
     if (PyLong_CheckExact(start)) {
         int overflow;
         long long first = PyLong_AsLongLongAndOverflow(start, &overflow);
-        if (!overflow && first >= 0 && end_ns >= 0) {
+        if (!overflow && (first >= 0) == (end_ns >= 0) && !(first == -1 && PyErr_Occurred())) {
             return PyLong_FromLongLong(end_ns - first); /* (same signs: no overflow) */
         }
         if (PyErr_Occurred()) {
@@ -139,9 +122,26 @@ elapsed_since(long long end_ns, PyObject *start)
         }
     }
     PyObject *end = PyLong_FromLongLong(end_ns);
-    PyObject *elapsed = end == NULL ? NULL : difference(end, start);
+    PyObject *elapsed = end == NULL ? NULL : PyNumber_Subtract(end, start);
     Py_XDECREF(end);
     return elapsed;
+}
+
+/* ``end - start``, two ints of nanoseconds (any other numbers through Python's subtraction). */
+static PyObject *
+difference(PyObject *end, PyObject *start)
+{
+    if (PyLong_CheckExact(end)) {
+        int overflow;
+        long long last = PyLong_AsLongLongAndOverflow(end, &overflow);
+        if (!overflow && !(last == -1 && PyErr_Occurred())) {
+            return elapsed_since(last, start);
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    return PyNumber_Subtract(end, start);
 }
 
 /* ``list.append(item)``, then ``stacks.fold(node)`` once ``len(list)`` reaches the fold size (``list``: a node's
