@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepwatch import Stopwatch
-from stepwatch._block_base import fold_durations
+from stepwatch._block_base import COMPILED, fold_durations
 from stepwatch._figures import StageStats
 from stepwatch._schema import check_stats
 from stepwatch._stats import RunningStats, percentile, python_fold_durations
@@ -190,6 +190,7 @@ def test_a_buffer_folds_as_the_builtins_fold_it(durations: list[int], before: li
 def test_the_fold_of_a_long_buffer_and_of_what_is_not_a_list() -> None:
     """Sums past 64 bits stay exact (a square of 2**53 - 1, many times); a tuple or a list of floats folds
     through the builtins."""
+    assert (fold_durations is not None) == COMPILED  # the C fold is in use wherever the blocks are compiled
     big = [2**53 - 1] * 3000
     stats = RunningStats()
     stats.add_batch(big)
