@@ -46,9 +46,10 @@ def test_a_recompilation_at_a_known_step_is_its_own_row_out_of_the_steps(tmp_pat
     assert train.stages["compile"].calls == len(events) and train.steps == (30 - warmup if warmup else 29)
     compile_s = sum(event[2] for event in events)
     assert train.stages["compile"].total == pytest.approx(compile_s, rel=1e-6)
-    # out of every step and block it ran in: all 29 steady steps together take less than the recompilation alone
-    assert train.stages["step"].total < recompiled[0][2], (train.stages["step"].total, recompiled[0][2])
-    assert train.stages["step/forward"].total < recompiled[0][2]
+    # out of every step and block it ran in: the slowest step and forward take less than half the recompilation
+    # (not all steps together: under two CPU hogs on 2 cores 29 steps of 24-32 ms outgrew a 0.35 s recompilation)
+    assert train.stages["step"].max < recompiled[0][2] / 2, (train.stages["step"].max, recompiled[0][2])
+    assert train.stages["step/forward"].max < recompiled[0][2] / 2
     assert any(event.path == "compile" for event in summary.trace)  # marked in the timeline
     text = stepwatch.render(summary)
     line = next(line for line in text.splitlines() if line.startswith("torch.compile: "))
