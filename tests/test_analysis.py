@@ -191,10 +191,12 @@ def slow_start(worker_id: int) -> None:
 
 
 def slowly_starting_epochs() -> Stopwatch:
-    """Two epochs over 2 workers that take 0.3 s to start, each time (not persistent)."""
+    """Two epochs over 2 workers that take 0.3 s to start, each time (not persistent). 16 batches an epoch: a
+    worker that a busy machine starts later than the other makes one later batch wait too, which 4 batches an
+    epoch left as the mean wait of the others (a full-suite run failed so)."""
     sw = Stopwatch()
     sw.enable()
-    loader = DataLoader(range(16), batch_size=4, num_workers=2, worker_init_fn=slow_start)
+    loader = DataLoader(range(64), batch_size=4, num_workers=2, worker_init_fn=slow_start)
     for _ in range(2):
         for _ in sw.watch(loader):
             spin(0.01)
