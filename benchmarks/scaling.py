@@ -246,7 +246,7 @@ def added(figures: dict[str, float], way: str) -> str:
     return f"{figures[f'{way}_steady_added_ns'] / 1e3:7.1f} ({figures[f'{way}_added_ns'] / 1e3:6.1f})"
 
 
-def collector(figures: dict[str, float], way: str) -> str:
+def collected(figures: dict[str, float], way: str) -> str:
     """A way's time in the garbage collector per step, and its collections per step in parentheses."""
     return f"{figures[f'{way}_collector_per_step'] / 1e3:.0f} ({figures[f'{way}_collections_per_step']:.2f})"
 
@@ -277,7 +277,7 @@ def main() -> None:
         row = "  ".join(f"{batch:>5}: {added(figures, 'watch')}" for batch, figures in table.items())
         print(f"  {workers:10s} {row}")
         row = "  ".join(
-            f"{batch:>5}: {collector(figures, 'plain')} / {collector(figures, 'watch')}"
+            f"{batch:>5}: {collected(figures, 'plain')} / {collected(figures, 'watch')}"
             for batch, figures in table.items()
         )
         print(f"  {'':10s} the garbage collector, plain / watch: µs per step (collections per step)")
