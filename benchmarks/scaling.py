@@ -15,7 +15,9 @@ learning steps, which route every module call through Python) and over its stead
 :data:`WARM_STEPS` to the end of the last step: what each further step of a long training pays. The targets
 are about the second; the first is printed beside it. Each run also counts Python's garbage collections and
 the time they took (``Collector``): at batch 1024 without workers they are a third of the plain step, so the
-watch() table says, beside the time, whether stepwatch changed how much the collector did.
+watch() table says, beside the time, whether stepwatch changed how much the collector did, and what the steady
+state added outside the collections (their time taken out of each run's: where a run's full collections fall
+moves its time by far more than stepwatch's cost).
 
 Writes ``benchmarks/results/scaling.json`` and prints the tables. Figures are microseconds added per step.
 """
@@ -46,6 +48,8 @@ BLOCKS = {6: 2, 34: 16, 130: 64, 514: 256}  # module calls per step -> Linear+Re
 WARM_STEPS = 5
 """Steps before the steady state: the loop's first, and auto()'s learning steps (see ``_module_calls``)."""
 AfterStep = Callable[[int], None]
+SPANS = {"run": "step_ns", "steady": "steady_step_ns", "steady_outside_collector": "steady_outside_collector_step_ns"}
+"""What each run's time per step is taken over -> the figures' names (their paired differences: ``added_ns``)."""
 
 
 def paired(ways: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dict[str, float]:
@@ -65,10 +69,10 @@ def paired(ways: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dic
     for way, runs in times.items():
         for measure in ("collector", "collections"):
             figures[f"{way}_{measure}_per_step"] = statistics.median(run[measure] for run in runs)
-        for span, key in (("run", "step_ns"), ("steady", "steady_step_ns")):
+        for span, key in SPANS.items():
             figures[f"{way}_{key}"] = statistics.median(run[span] for run in runs)
             if way != "plain":
-                added = "added_ns" if span == "run" else "steady_added_ns"
+                added = key.replace("step_ns", "added_ns")
                 figures[f"{way}_{added}"] = statistics.median(
                     run[span] - plain[span] for run, plain in zip(runs, times["plain"], strict=True)
                 )
@@ -80,9 +84,11 @@ def per_step(loop: Callable[[AfterStep], int]) -> dict[str, float]:
     the end of step :data:`WARM_STEPS` to the end of the last step; ``after_step`` reads the clock after each
     step, in every way alike)."""
     marks: dict[int, int] = {}
+    collected_at: dict[int, int] = {}  # the collector's time so far, at each mark
 
     def after_step(index: int) -> None:
         marks[index] = time.perf_counter_ns()
+        collected_at[index] = collector.spent_ns
 
     collector = Collector()
     gc.callbacks.append(collector)
@@ -93,10 +99,13 @@ def per_step(loop: Callable[[AfterStep], int]) -> dict[str, float]:
     finally:
         gc.callbacks.remove(collector)
     last = max(marks)
-    steady = (marks[last] - marks[WARM_STEPS - 1]) / (last - WARM_STEPS + 1)
+    steady_steps = last - WARM_STEPS + 1
+    steady = (marks[last] - marks[WARM_STEPS - 1]) / steady_steps
+    collector_steady = (collected_at[last] - collected_at[WARM_STEPS - 1]) / steady_steps
     return {
         "run": (end - start) / steps,
         "steady": steady,
+        "steady_outside_collector": steady - collector_steady,
         "collector": collector.spent_ns / steps,
         "collections": collector.collections / steps,
     }
@@ -280,6 +289,12 @@ def main() -> None:
             f"{batch:>5}: {collected(figures, 'plain')} / {collected(figures, 'watch')}"
             for batch, figures in table.items()
         )
+        outside = "  ".join(
+            f"{batch:>5}: {figures['watch_steady_outside_collector_added_ns'] / 1e3:7.1f}"
+            for batch, figures in table.items()
+        )
+        print(f"  {'':10s} the steady state outside the collector's collections (µs added per step)")
+        print(f"  {'':10s} {outside}")
         print(f"  {'':10s} the garbage collector, plain / watch: µs per step (collections per step)")
         print(f"  {'':10s} {row}")
     print("auto() and by hand: µs added per step in the steady state (over the whole run), by module calls per step")
