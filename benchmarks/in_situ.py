@@ -7,6 +7,9 @@ the same five blocks (around the forward, loss, backward, optimizer step and zer
 
 - time: per-step medians of paired runs (plain loop, the loop with an empty slotted ``with`` around each stage,
   the loop with five ``stepwatch.timed`` blocks), and the same blocks in a tight loop, per block;
+- in place (``bracketed``): clock reads just outside and just inside each stage's ``with`` in one loop, the ways
+  (no ``with``, an empty slotted ``with``, ``with lock:``, a stepwatch block) taking turns step by step, which
+  paired runs, whose steps move by more than five blocks cost between runs, cannot resolve;
 - instructions, and first-level and last-level cache misses, counted by Valgrind's ``cachegrind`` (its own
   simulated caches, not the machine's) as the difference of a short and a long run, per block.
 
@@ -25,6 +28,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -148,6 +152,82 @@ def step_times(count: int, repeats: int) -> dict[str, float]:
     return figures
 
 
+BRACKET_WAYS = ("none", "empty_with", "lock_with", "blocks")
+STAGE_NAMES = ("forward", "loss", "backward", "optimizer", "zero_grad")
+
+
+def bracketed(count: int) -> dict[str, float]:
+    """Per block, in place: each stage of a watched loop's steps between two clock reads just outside its
+    ``with`` and two just inside, the ways taken in turn step by step in one loop (so that the machine's drift
+    and the process's memory layout are the same for all), and a way's entry and exit the medians over its
+    steps less those of the same clock reads with no ``with`` between them (``none``). What a ``with`` does to
+    the work inside it afterwards is not in these (the paired runs of :func:`step_times` would have it)."""
+    sys.path.insert(0, str(HERE))
+    from scaling import build
+
+    import stepwatch
+
+    model, criterion, optimizer, loader = build(2, count)
+    clock = time.perf_counter_ns
+    stepwatch.enable()
+    managers: dict[str, list[Any]] = {
+        "empty_with": [Empty()] * STAGES,
+        "lock_with": [threading.Lock() for _ in range(STAGES)],
+        "blocks": [stepwatch.timed(name) for name in STAGE_NAMES],
+    }
+    entries: dict[str, list[list[int]]] = {way: [[] for _ in range(STAGES)] for way in BRACKET_WAYS}
+    exits: dict[str, list[list[int]]] = {way: [[] for _ in range(STAGES)] for way in BRACKET_WAYS}
+
+    def staged(way: str, stage: int, work: Callable[[], Any]) -> Any:
+        if way == "none":
+            before = clock()
+            inside = clock()
+            result = work()
+            done = clock()
+            after = clock()
+        else:
+            before = clock()
+            with managers[way][stage]:
+                inside = clock()
+                result = work()
+                done = clock()
+            after = clock()
+        entries[way][stage].append(inside - before)
+        exits[way][stage].append(after - done)
+        return result
+
+    try:
+        for index, (x, y) in enumerate(stepwatch.watch(loader)):
+            way = BRACKET_WAYS[index % len(BRACKET_WAYS)]
+            out = staged(way, 0, lambda: model(x))  # noqa: B023 (called at once)
+            loss = staged(way, 1, lambda: criterion(out, y))  # noqa: B023
+            staged(way, 2, lambda: loss.backward())  # noqa: B023
+            staged(way, 3, lambda: optimizer.step())
+            staged(way, 4, lambda: optimizer.zero_grad())
+    finally:
+        stepwatch.disable()
+        stepwatch.reset()
+
+    def cost(way: str, stage: int) -> float:
+        return sum(
+            statistics.median(times[way][stage][WARM_STEPS:]) - statistics.median(times["none"][stage][WARM_STEPS:])
+            for times in (entries, exits)
+        )
+
+    return {way: sum(cost(way, stage) for stage in range(STAGES)) / STAGES for way in BRACKET_WAYS[1:]}
+
+
+def bracketed_times(count: int, repeats: int) -> dict[str, Any]:
+    """:func:`bracketed`'s figures, the median and the range over ``repeats`` loops."""
+    runs = [bracketed(count) for _ in range(repeats)]
+    figures: dict[str, Any] = {}
+    for way in BRACKET_WAYS[1:]:
+        values = sorted(run[way] for run in runs)
+        figures[f"bracketed_{way}_per_block_ns"] = statistics.median(values)
+        figures[f"bracketed_{way}_per_block_range_ns"] = [values[0], values[-1]]
+    return figures
+
+
 def tight_times(count: int, repeats: int) -> dict[str, float]:
     figures = {}
     for way in TIGHT_WAYS:
@@ -187,6 +267,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--bracket-repeats", type=int, default=5, help="loops of the bracketed measurement")
     parser.add_argument("--no-valgrind", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "in_situ.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -200,7 +281,11 @@ def main() -> None:
     torch.set_num_threads(1)
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "time": {**step_times(args.steps, args.repeats), **tight_times(20_000, args.repeats)},
+        "time": {
+            **step_times(args.steps, args.repeats),
+            **bracketed_times(4 * args.steps, args.bracket_repeats),
+            **tight_times(20_000, args.repeats),
+        },
     }
     if not args.no_valgrind:
         result["valgrind"] = counted(200)
@@ -210,6 +295,10 @@ def main() -> None:
     print(f"per block, in the step ({result['time']['plain_step_ns'] / 1e3:.0f} us) and in a tight loop:")
     print(f"  empty with:      step {show('empty_with_per_block_ns')}, tight {show('tight_empty_with_per_block_ns')}")
     print(f"  stepwatch block: step {show('blocks_per_block_ns')}, tight {show('tight_blocks_per_block_ns')}")
+    print(f"per block, in place (clock reads around and inside each stage's with; {args.bracket_repeats} loops):")
+    for way in BRACKET_WAYS[1:]:
+        low, high = result["time"][f"bracketed_{way}_per_block_range_ns"]
+        print(f"  {way:15s}  {result['time'][f'bracketed_{way}_per_block_ns']:.0f} ns ({low:.0f} to {high:.0f})")
     for name, counts in result.get("valgrind", {}).items():
         print(f"  {name:16s} " + ", ".join(f"{key} {value:.0f}" for key, value in counts.items()))
 
