@@ -16,6 +16,7 @@ from stepwatch._block_base import COMPILED, fold_durations
 from stepwatch._figures import StageStats
 from stepwatch._schema import check_stats
 from stepwatch._stats import RunningStats, percentile, python_fold_durations
+from stepwatch._tree import overlap_ns
 
 from .conftest import FakeClock
 
@@ -201,3 +202,32 @@ def test_the_fold_of_a_long_buffer_and_of_what_is_not_a_list() -> None:
         assert fold_durations([-(2**53) + 1]) == (-(2**53) + 1, (2**53 - 1) ** 2, -(2**53) + 1, -(2**53) + 1)
     stats.add_batch((5, 7))
     assert (stats.calls, stats.min_ns, stats.max_ns) == (3002, 5, 2**53 - 1)
+
+
+def pairwise_overlap(spans: list[list[int]], intervals: list[list[int]], now: int) -> int:
+    """What ``overlap_ns`` must equal: every span against every interval."""
+    return sum(max(min(last, end or now) - max(first, start), 0) for first, last in spans for start, end in intervals)
+
+
+moments = st.integers(min_value=1, max_value=10_000)
+
+
+@given(
+    spans=st.lists(st.lists(moments, min_size=2, max_size=2), max_size=12),
+    intervals=st.lists(
+        st.tuples(moments, st.integers(min_value=0, max_value=10_000)).map(list), max_size=12
+    ),  # end 0: a loop still running; others may end before they start, overlap or nest
+    now=moments,
+)
+def test_worker_wall_time_inside_loops_equals_every_pair_summed(
+    spans: list[list[int]], intervals: list[list[int]], now: int
+) -> None:
+    assert overlap_ns(spans, intervals, now) == pairwise_overlap(spans, intervals, now)
+
+
+def test_worker_wall_time_of_many_epochs_of_restarting_workers() -> None:
+    # an epoch's loop and, inside it, one process of a worker that restarts each epoch; the last loop still runs
+    intervals = [[1_500 * epoch, 1_500 * epoch + 1_000] for epoch in range(2_000)]
+    intervals[-1][1] = 0
+    spans = [[1_500 * epoch + 10, 1_500 * epoch + 990] for epoch in range(2_000)]
+    assert overlap_ns(spans, intervals, now=10**9) == 2_000 * 980
