@@ -287,8 +287,9 @@ class WorkerTotals:
 def overlap_ns(spans: Iterable[list[int]], intervals: list[list[int]], now: int) -> int:
     """The time each of ``spans`` (``[first, last]``) spent inside each of ``intervals`` (``[start, end]``, end 0:
     still running, until ``now``), summed over every pair. A worker's spans (one per process it ran in) and its
-    phase's loops both grow by one an epoch; summing every pair made a summary of a long run (the live view
-    draws one a second) cost its epochs squared: 1,000 epochs of 8 restarting workers, 3.8 s. Here each span
+    phase's loops both grow by one an epoch; summing every pair made a summary of a long run (each ``metrics()``
+    of a ``log_every`` logger, on the training thread) cost its epochs squared: 1,000 epochs of 8 restarting
+    workers, 3.8 s. Here each span
     visits only the intervals that can reach it: those starting before its end, latest first, until none of
     the earlier ones ends after its start."""
     ordered = sorted((start, end or now) for start, end in intervals)
