@@ -16,7 +16,7 @@ from stepwatch._block_base import COMPILED, fold_durations
 from stepwatch._figures import StageStats
 from stepwatch._schema import check_stats
 from stepwatch._stats import RunningStats, percentile, python_fold_durations
-from stepwatch._tree import overlap_ns
+from stepwatch._tree import LoopTimes
 
 from .conftest import FakeClock
 
@@ -205,7 +205,7 @@ def test_the_fold_of_a_long_buffer_and_of_what_is_not_a_list() -> None:
 
 
 def pairwise_overlap(spans: list[list[int]], intervals: list[list[int]], now: int) -> int:
-    """What ``overlap_ns`` must equal: every span against every interval."""
+    """What ``LoopTimes.overlap_ns`` must equal: every span against every interval."""
     return sum(max(min(last, end or now) - max(first, start), 0) for first, last in spans for start, end in intervals)
 
 
@@ -222,7 +222,7 @@ moments = st.integers(min_value=1, max_value=10_000)
 def test_worker_wall_time_inside_loops_equals_every_pair_summed(
     spans: list[list[int]], intervals: list[list[int]], now: int
 ) -> None:
-    assert overlap_ns(spans, intervals, now) == pairwise_overlap(spans, intervals, now)
+    assert LoopTimes(intervals, now).overlap_ns(spans) == pairwise_overlap(spans, intervals, now)
 
 
 def test_worker_wall_time_of_many_epochs_of_restarting_workers() -> None:
@@ -230,4 +230,4 @@ def test_worker_wall_time_of_many_epochs_of_restarting_workers() -> None:
     intervals = [[1_500 * epoch, 1_500 * epoch + 1_000] for epoch in range(2_000)]
     intervals[-1][1] = 0
     spans = [[1_500 * epoch + 10, 1_500 * epoch + 990] for epoch in range(2_000)]
-    assert overlap_ns(spans, intervals, now=10**9) == 2_000 * 980
+    assert LoopTimes(intervals, now=10**9).overlap_ns(spans) == 2_000 * 980

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 from ._figures import DeviceLoad, StageStats
 from ._job import all_ranks_path
 from ._summary import PhaseSummary, Summary
-from ._tree import collect
+from ._tree import LoopTimes, collect
 
 if TYPE_CHECKING:
     from ._all_ranks import AllRanks
@@ -34,6 +34,7 @@ def snapshot(stopwatch: Stopwatch) -> Summary:
             stages: dict[str, StageStats] = {}
             collect(phase.root, stages)
             if stages or phase.counters or phase.workers:
+                loops = LoopTimes(phase.consuming, time.perf_counter_ns())  # ordered once for all its workers
                 phases[name] = PhaseSummary(
                     name,
                     stages,
@@ -41,10 +42,7 @@ def snapshot(stopwatch: Stopwatch) -> Summary:
                     phase.loop_ns,
                     phase.steps,
                     DeviceLoad(phase.device_busy_ns, phase.device_idle_ns, phase.device_steps, phase.device_caught_up),
-                    {
-                        worker_id: totals.stats(worker_id, phase.consuming, time.perf_counter_ns())
-                        for worker_id, totals in sorted(phase.workers.items())
-                    },
+                    {worker_id: totals.stats(worker_id, loops) for worker_id, totals in sorted(phase.workers.items())},
                     phase.count_calls,
                 )
         ooms = tuple(device_timer.out_of_memory) if device_timer is not None else ()

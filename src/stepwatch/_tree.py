@@ -277,32 +277,39 @@ class WorkerTotals:
         elif ready > span[1]:
             span[1] = ready
 
-    def stats(self, worker_id: int, consuming: list[list[int]], now: int) -> WorkerStats:
-        """Its figures; its wall time counts only while a loop consumed its loader (``consuming``), so the time
+    def stats(self, worker_id: int, loops: LoopTimes) -> WorkerStats:
+        """Its figures; its wall time counts only while a loop consumed its loader (``loops``), so the time
         persistent workers sit idle during a validation pass between epochs is not idleness."""
-        wall = self.wall_before_ns + overlap_ns(self.spans.values(), consuming, now)
+        wall = self.wall_before_ns + loops.overlap_ns(self.spans.values())
         return WorkerStats(worker_id, self.batches, self.busy_ns, wall, self.wait_ns, self.cpu_ns, self.queued_ns)
 
 
-def overlap_ns(spans: Iterable[list[int]], intervals: list[list[int]], now: int) -> int:
-    """The time each of ``spans`` (``[first, last]``) spent inside each of ``intervals`` (``[start, end]``, end 0:
-    still running, until ``now``), summed over every pair. A worker's spans (one per process it ran in) and its
-    phase's loops both grow by one an epoch; summing every pair made a summary of a long run (each ``metrics()``
-    of a ``log_every`` logger, on the training thread) cost its epochs squared: 1,000 epochs of 8 restarting
-    workers, 3.8 s. Here each span
-    visits only the intervals that can reach it: those starting before its end, latest first, until none of
-    the earlier ones ends after its start."""
-    ordered = sorted((start, end or now) for start, end in intervals)
-    starts = [start for start, _ in ordered]
-    reach = list(itertools.accumulate((end for _, end in ordered), max))  # the latest end among the first i + 1
-    total = 0
-    for first, last in spans:
-        index = bisect.bisect_left(starts, last) - 1
-        while index >= 0 and reach[index] > first:
-            start, end = ordered[index]
-            total += max(min(last, end) - max(first, start), 0)
-            index -= 1
-    return total
+class LoopTimes:
+    """A phase's loops over their loaders (``[start, end]``, end 0: still running, until ``now``), ordered once
+    for every worker's wall time. A worker's spans (one per process it ran in) and the loops both grow by one an
+    epoch; summing every pair made a summary of a long run (each ``metrics()`` of a ``log_every`` logger, on the
+    training thread) cost its epochs squared: 1,000 epochs of 8 restarting workers, 3.8 s. Each span visits only
+    the loops that can reach it: those starting before its end, latest first, until none of the earlier ones
+    ends after its start."""
+
+    __slots__ = ("_ordered", "_reach", "_starts")
+
+    def __init__(self, intervals: list[list[int]], now: int) -> None:
+        self._ordered = sorted((start, end or now) for start, end in intervals)
+        self._starts = [start for start, _ in self._ordered]
+        self._reach = list(itertools.accumulate((end for _, end in self._ordered), max))  # latest end of the first i+1
+
+    def overlap_ns(self, spans: Iterable[list[int]]) -> int:
+        """The time each of ``spans`` (``[first, last]``) spent inside each loop, summed over every pair."""
+        ordered, reach = self._ordered, self._reach
+        total = 0
+        for first, last in spans:
+            index = bisect.bisect_left(self._starts, last) - 1
+            while index >= 0 and reach[index] > first:
+                start, end = ordered[index]
+                total += max(min(last, end) - max(first, start), 0)
+                index -= 1
+        return total
 
 
 def fold(node: Node) -> None:
