@@ -50,10 +50,11 @@ bench: setup
 	$(BIN)/python benchmarks/gather.py
 	$(BIN)/python benchmarks/live.py
 
-# what a step executes, counted by Valgrind (needs valgrind; about 25 minutes on 2 cores)
+# what a step executes and the cache lines it touches, counted by Valgrind (needs valgrind; about 30 minutes on 2 cores)
 bench-valgrind: setup
 	$(BIN)/python benchmarks/instructions.py
 	$(BIN)/python benchmarks/in_situ.py
+	$(BIN)/python benchmarks/footprint.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

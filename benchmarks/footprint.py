@@ -1,0 +1,241 @@
+"""stepwatch's footprint: the distinct cache lines it touches in a training step, counted by Valgrind (not a test).
+
+In a real step what a block costs is mostly its cache misses: the model's own work evicts what stepwatch touched
+in the step before, so each of its touches comes back from a slower cache (``docs/overhead.md``). How many lines
+it touches a step is what makes its cost grow with the model, and what would make it flat: a number that wall
+time on a shared machine cannot resolve, and that instruction counts do not show. This counts it. Each stage of
+the step (forward, loss, backward, the optimizer step, ``zero_grad``, and the rest of the step) sweeps 4 MiB,
+twice the second-level cache simulated (``--LL=2097152,16,64``, this machine's), so whatever stepwatch touches
+between two stages misses it again: its cache misses a step over the plain loop's are the lines it touches, cold.
+The plain loop, the same stages by hand (``watch`` + 5 ``timed``) and ``auto()`` each run in a process of their
+own under ``callgrind`` with the cache simulated, counted over ``--steps`` steps after :data:`WARM_STEPS`, marked
+as in ``instructions.py``. Of the added misses, those in stepwatch's compiled code are given apart; the rest are
+the interpreter's (the ``with`` statements, stepwatch's Python) and torch's or the C library's, which a dump
+taken mid-run cannot tell apart (its open frames carry their calls' costs). Takes about five minutes on two
+cores; writes ``benchmarks/results/footprint.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+WAYS = ("plain", "by_hand", "auto")
+WARM_STEPS = 4
+SWEEP_BYTES = 4 << 20
+LAST_LEVEL = "--LL=2097152,16,64"
+MISSES = ("ILmr", "DLmr", "DLmw")
+
+
+def child(way: str, steps: int) -> None:
+    """Runs :data:`WARM_STEPS` + ``steps`` steps of one way in this process (under Valgrind), each of its stages
+    sweeping the caches, and marks where the counted steps start (``os.getppid()``) and end (``os.getpgrp()``)."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import stepwatch
+
+    torch.set_num_threads(1)
+    scratch = bytearray(SWEEP_BYTES)
+
+    def sweep() -> None:
+        scratch.find(b"x")  # reads every line of 4 MiB: the caches hold nothing of what came before
+
+    class Sweep(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            sweep()
+            return x
+
+    class SweepingLoss(nn.MSELoss):
+        def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            sweep()
+            return super().forward(input, target)
+
+    class SweepingSGD(torch.optim.SGD):
+        def step(self, closure: object = None) -> None:  # type: ignore[override]
+            sweep()
+            super().step()
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            sweep()
+            super().zero_grad(set_to_none)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), Sweep())
+    criterion = SweepingLoss()
+    optimizer = SweepingSGD(model.parameters(), lr=1e-3)
+    total = WARM_STEPS + steps
+    loader = DataLoader(TensorDataset(torch.randn(8 * total, 16), torch.randn(8 * total, 16)), batch_size=8)
+
+    def mark(index: int) -> None:
+        sweep()  # the rest of the step: what the program does between its stages and the next batch
+        if index == WARM_STEPS - 1:
+            os.getppid()
+        elif index == total - 1:
+            os.getpgrp()
+
+    def swept_gradient(grad: torch.Tensor) -> torch.Tensor:
+        sweep()  # inside backward
+        return grad
+
+    if way == "by_hand":
+        stepwatch.enable()
+        for index, (x, y) in enumerate(stepwatch.watch(loader)):
+            with stepwatch.timed("forward"):
+                out = model(x)
+            out.register_hook(swept_gradient)
+            with stepwatch.timed("loss"):
+                loss = criterion(out, y)
+            with stepwatch.timed("backward"):
+                loss.backward()
+            with stepwatch.timed("optimizer"):
+                optimizer.step()
+            with stepwatch.timed("zero_grad"):
+                optimizer.zero_grad()
+            mark(index)
+        return
+    if way == "auto":
+        stepwatch.auto()
+    for index, (x, y) in enumerate(loader):
+        out = model(x)
+        out.register_hook(swept_gradient)
+        loss = criterion(out, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mark(index)
+
+
+def misses_by_object(text: str) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """A callgrind dump's totals (``summary``) and its self costs summed per object file (the shared library or
+    executable each instruction belongs to): a call's line (after ``calls=``) is the callee's inclusive cost and
+    is left out. Object names are compressed (``ob=(2) path`` once, then ``ob=(2)``), in ``cob=`` lines too."""
+    events = re.search(r"^events:\s*(.+)$", text, re.M)
+    summary = re.search(r"^summary:\s*(.+)$", text, re.M)
+    if events is None or summary is None:
+        raise RuntimeError("callgrind's dump has no events or summary line")
+    names = events.group(1).split()
+    totals = dict(zip(names, [int(v) for v in summary.group(1).split()] + [0] * len(names), strict=False))
+    objects: dict[str, str] = {}
+    current = "?"
+    per_object: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(names, 0))
+    skip_next = False
+    for line in text.splitlines():
+        if line.startswith(("ob=", "cob=")):  # a name compressed to "(id)" may be defined in either
+            match = re.match(r"c?ob=\((\d+)\)(?: (.*))?", line)
+            name = line.split("=", 1)[1] if match is None else objects.get(match.group(1), "?")
+            if match is not None and match.group(2):
+                name = objects[match.group(1)] = match.group(2)
+            if line.startswith("ob="):
+                current = name
+        elif line.startswith("calls="):
+            skip_next = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if skip_next:
+                skip_next = False
+                continue
+            values = line.split()[1:]
+            costs = per_object[current]
+            for name, value in zip(names, values, strict=False):
+                costs[name] += int(value)
+    return totals, dict(per_object)
+
+
+def compiled(path: str) -> bool:
+    """Whether an object file is stepwatch's compiled code (never on the stack at the marks: its self costs are
+    exact in a dump taken mid-run)."""
+    return "_speedups" in path
+
+
+def count(way: str, steps: int) -> dict[str, float]:
+    """Runs one way under callgrind with the cache simulated: its instructions and last-level misses a step,
+    and the misses a step in stepwatch's compiled code."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch, "out")
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--cache-sim=yes",
+            LAST_LEVEL,
+            "--zero-before=getppid",
+            "--dump-before=getpgrp",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--child",
+            f"{way},{steps}",
+        ]
+        env = {key: value for key, value in os.environ.items() if not key.startswith("STEPWATCH")}
+        env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        dump = Path(f"{out}.1")
+        if result.returncode or not dump.exists():
+            raise RuntimeError(f"valgrind failed or left no dump at the end mark:\n{result.stderr[-2000:]}")
+        totals, per_object = misses_by_object(dump.read_text())
+    in_compiled = sum(costs[name] for path, costs in per_object.items() if compiled(path) for name in MISSES)
+    return {
+        "instructions": totals["Ir"] / steps,
+        "misses": sum(totals[name] for name in MISSES) / steps,
+        **{name: totals[name] / steps for name in MISSES},
+        "in_compiled": in_compiled / steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="steps counted, after the warm ones")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=RESULTS / "footprint.json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        way, steps = args.child.split(",")
+        child(way, int(steps))
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("footprint.py: needs valgrind on PATH (apt-get install valgrind)")
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        counted = dict(zip(WAYS, pool.map(lambda way: count(way, args.steps), WAYS), strict=True))
+    plain = counted["plain"]
+    table = {}
+    print(f"{'way':8s} {'lines a step':>12s} {'of them in C':>12s} {'instructions':>13s}")
+    for way in WAYS[1:]:
+        runs = counted[way]
+        table[way] = {
+            "added_lines_per_step": runs["misses"] - plain["misses"],
+            "lines_in_stepwatch_compiled_code": runs["in_compiled"],
+            "added_instructions_per_step": runs["instructions"] - plain["instructions"],
+            **{f"added_{name}": runs[name] - plain[name] for name in MISSES},
+        }
+        row = table[way]
+        print(
+            f"{way:8s} {row['added_lines_per_step']:12.0f} {row['lines_in_stepwatch_compiled_code']:12.0f}"
+            f" {row['added_instructions_per_step']:13.0f}"
+        )
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "last_level_cache": LAST_LEVEL,
+        "sweep_bytes": SWEEP_BYTES,
+        "steps_counted": args.steps,
+        "plain": {"lines_per_step": plain["misses"], "instructions_per_step": plain["instructions"]},
+        "added": table,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
