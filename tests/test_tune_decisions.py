@@ -114,3 +114,64 @@ def test_the_best_figure_carries_the_drift_seen_between_runs_of_one_setting() ->
     assert pooled.drift == 0 and pooled.noise == pytest.approx(2 * pooled.spread / 20**0.5)
     alone = Tuning(original, best, (trial(original, 10), trial(best, 5)))
     assert alone.drift() == 0 and alone.measured(best).noise == 0  # nothing ran twice: no drift to see
+
+
+def test_when_the_confirmations_choose_another_setting_its_persistent_variant_is_tried_too() -> None:
+    """CI's case (workers that take 300 ms to start): the persistent variant of the program's own setting was
+    preferred (it starts an epoch at once), then the runs pooled made prefetch 8 the best; its own persistent
+    variant is run after the confirmations, and recommended: as fast, and starting an epoch at once."""
+
+    def timing(setting: Setting) -> tuple[float, float, float]:
+        """ms per step, epoch start s, spread ms: prefetch 8 fastest, the original's first run too noisy to tell."""
+        start = 0.015 if setting.persistent_workers else 0.4
+        if setting.num_workers < 2:
+            return 14.0, start, 0.5
+        if setting.prefetch_factor:
+            return (5.5, start, 1.0) if setting.prefetch_factor == 8 else (7.6, start, 4.0)
+        return (8.4, start, 0.2) if setting.persistent_workers else (8.0, start, 5.0)
+
+    original = Setting(2)
+    search = plan(original, max_workers=2)
+    asked, trials = [next(search)], []
+    while True:
+        trials.append(trial(asked[-1], *timing(asked[-1])))
+        try:
+            asked.append(search.send(trials[-1]))
+        except StopIteration as done:
+            chosen = done.value
+            break
+    eight = Setting(2, 8)
+    assert asked[5:] == [Setting(2, persistent_workers=True), original, eight, replace(eight, persistent_workers=True)]
+    assert chosen == eight
+    assert conclude(original, chosen, trials, []).best == replace(eight, persistent_workers=True)
+
+
+def test_when_the_original_stays_its_persistent_variant_is_tried_after_the_confirmations() -> None:
+    """CI's other case: prefetch 8 beat the original's first run, its persistent variant was preferred, and the
+    confirmations left it no faster than the original pooled: ``conclude`` keeps the original, so the original's
+    own persistent variant is run last, and recommended (as fast, starting an epoch at once)."""
+    runs: dict[Setting, int] = {}
+
+    def timing(setting: Setting) -> tuple[float, float, float]:
+        """ms per step, epoch start s, spread ms: all as fast with 2 workers, the original's first run slow."""
+        runs[setting] = runs.get(setting, 0) + 1
+        start = 0.015 if setting.persistent_workers else 0.4
+        if setting.num_workers < 2:
+            return 12.0, start, 0.1
+        if setting == Setting(2):
+            return (5.6 if runs[setting] == 1 else 4.2), start, 0.2
+        return (5.5, start, 1.0) if setting.prefetch_factor == 4 else (4.9, start, 0.1)
+
+    original = Setting(2)
+    search = plan(original, max_workers=2)
+    asked, trials = [next(search)], []
+    while True:
+        trials.append(trial(asked[-1], *timing(asked[-1])))
+        try:
+            asked.append(search.send(trials[-1]))
+        except StopIteration as done:
+            chosen = done.value
+            break
+    kept = Setting(2, persistent_workers=True)
+    assert asked[4:] == [Setting(2, 8), Setting(2, 8, None, True), original, Setting(2, 8, None, True), kept]
+    assert conclude(original, chosen, trials, []).best == kept

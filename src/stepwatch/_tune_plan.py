@@ -45,7 +45,8 @@ def plan(
     best, then, with an accelerator in use (``pin_memory``: the program's own pinning), the other pinning, then
     persistent workers (chosen when an epoch starts faster with them and the steps are not slower beyond the
     noise; for a ``map_style`` dataset, whose epoch a trial can end); then the original and the best are run once
-    more."""
+    more, and where the setting ``conclude`` will recommend (another best, or the original where the best's
+    runs did not beat it) has a persistent variant not run yet, that is run too (``conclude`` weighs it)."""
     cores = os.cpu_count() or 1
     limit = max_workers if max_workers is not None else cores
     best = yield original
@@ -102,6 +103,14 @@ def plan(
         if best.setting != original:
             history.append((yield best.setting))  # the best's figure is this run of its own
         confirmed = True
+    pool = Tuning(original, best.setting, tuple(history))
+    final = best.setting  # what ``conclude`` will recommend: the original where the best's runs did not beat it
+    if final != original and not preferred(pool.of(final), pool.of(original)):
+        final = original
+    if map_style and final.num_workers and not final.persistent_workers:
+        setting = replace(final, persistent_workers=True)
+        if setting not in {trial.setting for trial in history}:  # its persistent variant, not run yet: run now
+            history.append((yield setting))
     return best.setting
 
 
