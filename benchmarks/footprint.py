@@ -30,10 +30,14 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from stepwatch._self_cost import IN_SITU
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 WAYS = ("plain", "by_hand", "auto")
-WARM_STEPS = 4
+WARM_STEPS = IN_SITU + 8
+"""Steps before the count: the loop's first, ``auto()``'s learning steps, and stepwatch's own cost measured in
+place (:data:`~stepwatch._self_cost.IN_SITU` steps from the third), whose steps take the general step boundary."""
 SWEEP_BYTES = 4 << 20
 LAST_LEVEL = "--LL=2097152,16,64"
 MISSES = ("ILmr", "DLmr", "DLmw")
@@ -230,6 +234,7 @@ def main() -> None:
         "last_level_cache": LAST_LEVEL,
         "sweep_bytes": SWEEP_BYTES,
         "steps_counted": args.steps,
+        "warm_steps": WARM_STEPS,
         "plain": {"lines_per_step": plain["misses"], "instructions_per_step": plain["instructions"]},
         "added": table,
     }

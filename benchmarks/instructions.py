@@ -28,11 +28,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from stepwatch._self_cost import IN_SITU
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BLOCKS = {6: 2, 34: 16, 130: 64, 514: 256}  # module calls per step -> Linear+ReLU blocks, as in scaling.py
 WAYS = ("plain", "auto", "by_hand")
-WARM_STEPS = 4
+WARM_STEPS = IN_SITU + 8
+"""Steps before the count: the loop's first, ``auto()``'s learning steps, and stepwatch's own cost measured in
+place (:data:`~stepwatch._self_cost.IN_SITU` steps from the third), whose steps take the general step boundary
+(before 2026-12-03, night, 4: the 20 steps counted were all inside that measurement)."""
 
 
 def child(blocks: int, way: str, steps: int) -> None:
@@ -134,6 +139,7 @@ def main() -> None:
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "steps_counted": args.steps,
+        "warm_steps": WARM_STEPS,
         "by_module_calls": table,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -41,12 +41,15 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
+from stepwatch._self_cost import IN_SITU
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCHES = (16, 128, 1024)
 BLOCKS = {6: 2, 34: 16, 130: 64, 514: 256}  # module calls per step -> Linear+ReLU blocks
-WARM_STEPS = 5
-"""Steps before the steady state: the loop's first, and auto()'s learning steps (see ``_module_calls``)."""
+WARM_STEPS = IN_SITU + 8
+"""Steps before the steady state: the loop's first, auto()'s learning steps (see ``_module_calls``), and
+stepwatch's own cost measured in place (``IN_SITU`` steps from the third), whose steps take the general step
+boundary (before 2026-12-03, night, 5: a 100-step run's steady state had 22 of its 95 steps inside it)."""
 AfterStep = Callable[[int], None]
 SPANS = {"run": "step_ns", "steady": "steady_step_ns", "steady_outside_collector": "steady_outside_collector_step_ns"}
 """What each run's time per step is taken over -> the figures' names (their paired differences: ``added_ns``)."""
