@@ -271,6 +271,8 @@ def main() -> None:
     parser.add_argument("--parts", default="watch,model,device", help="which tables to measure")
     parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
     args = parser.parse_args()
+    if args.steps < WARM_STEPS + 10:
+        parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
     torch.set_num_threads(1)
     parts = args.parts.split(",")
     workers = [int(count) for count in args.workers.split(",")]
