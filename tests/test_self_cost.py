@@ -117,9 +117,9 @@ def test_the_calibrated_cost_is_within_a_factor_of_two_of_blocks_measured_on_and
                     matrix @ matrix
         return time.perf_counter_ns() - start
 
-    assert block_ns() is not None  # the process's own calibration ran at the first enable()
     sw = Stopwatch()
     sw.enable()
+    assert block_ns() is not None  # the process's own calibration ran at the first enable()
     loop(sw), loop(None)
     ratios = []  # each calibration against the direct cost measured just before it: this machine changes speed
     for _ in range(11):
