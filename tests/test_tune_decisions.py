@@ -3,6 +3,7 @@ pooled (``conclude``) and the drift between runs of one setting, which the best'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,21 @@ def trial(setting: Setting, ms: float, epoch_start_s: float = 0.01, spread_ms: f
     """Ten steps of ``ms`` (alternating ``± spread_ms``), no wait."""
     steps = tuple((ms + (spread_ms if i % 2 else -spread_ms)) / 1e3 for i in range(10))
     return Trial(setting, steps, (0.0,) * 10, epoch_start_s)
+
+
+def search(
+    original: Setting, timing: Callable[[Setting], tuple[float, float, float]]
+) -> tuple[list[Setting], list[Trial], Setting]:
+    """``plan`` from ``original`` (at most 2 workers) driven to its end, each setting's trial made by ``timing``
+    (ms per step, epoch start s, spread ms): the settings asked, the trials and the setting chosen."""
+    steps = plan(original, max_workers=2)
+    asked, trials = [next(steps)], []
+    while True:
+        trials.append(trial(asked[-1], *timing(asked[-1])))
+        try:
+            asked.append(steps.send(trials[-1]))
+        except StopIteration as done:
+            return asked, trials, done.value
 
 
 def test_with_an_accelerator_the_other_pinning_is_tried_for_the_best() -> None:
@@ -131,15 +147,7 @@ def test_when_the_confirmations_choose_another_setting_its_persistent_variant_is
         return (8.4, start, 0.2) if setting.persistent_workers else (8.0, start, 5.0)
 
     original = Setting(2)
-    search = plan(original, max_workers=2)
-    asked, trials = [next(search)], []
-    while True:
-        trials.append(trial(asked[-1], *timing(asked[-1])))
-        try:
-            asked.append(search.send(trials[-1]))
-        except StopIteration as done:
-            chosen = done.value
-            break
+    asked, trials, chosen = search(original, timing)
     eight = Setting(2, 8)
     assert asked[5:] == [Setting(2, persistent_workers=True), original, eight, replace(eight, persistent_workers=True)]
     assert chosen == eight
@@ -163,15 +171,7 @@ def test_when_the_original_stays_its_persistent_variant_is_tried_after_the_confi
         return (5.5, start, 1.0) if setting.prefetch_factor == 4 else (4.9, start, 0.1)
 
     original = Setting(2)
-    search = plan(original, max_workers=2)
-    asked, trials = [next(search)], []
-    while True:
-        trials.append(trial(asked[-1], *timing(asked[-1])))
-        try:
-            asked.append(search.send(trials[-1]))
-        except StopIteration as done:
-            chosen = done.value
-            break
+    asked, trials, chosen = search(original, timing)
     kept = Setting(2, persistent_workers=True)
     assert asked[4:] == [Setting(2, 8), Setting(2, 8, None, True), original, Setting(2, 8, None, True), kept]
     assert conclude(original, chosen, trials, []).best == kept
