@@ -43,6 +43,7 @@ class FlakySGD(torch.optim.SGD):  # raises in its step when told: the pre-step h
 model, criterion = Flaky(), nn.CrossEntropyLoss()
 optimizer = FlakySGD(model.parameters(), lr=0.1)
 loader = DataLoader(TensorDataset(torch.randn(8 * 16, 4), torch.randint(0, 2, (8 * 16,))), batch_size=8)
+{enable}
 stepwatch.auto()
 kinds = set()
 for step, (x, y) in enumerate(loader):
@@ -75,16 +76,18 @@ for name, phase in sorted(summary.phases.items()):
 session = patches.session
 print(session.busy, session.open_blocks, session.training_blocks, session.backward_calls, session.zero_grads)
 print(session.found.describe())
+print("TRACED", sorted({(event.path, event.lane.split()[0]) for event in summary.trace}))
 print("KINDS", sorted(kinds), type(torch.autograd.backward).__name__, type(optimizer.zero_grad).__name__)
 """
 
 
-def run(pure: bool) -> list[str]:
+def run(pure: bool, enable: str = "") -> list[str]:
     env = subprocess_env()
     env.pop("STEPWATCH_PURE_PYTHON", None)
     if pure:
         env["STEPWATCH_PURE_PYTHON"] = "1"
-    result = subprocess.run([PYTHON, "-c", PROGRAM], capture_output=True, text=True, timeout=300, env=env)
+    program = PROGRAM.replace("{enable}", enable)
+    result = subprocess.run([PYTHON, "-c", program], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.splitlines()
 
@@ -103,9 +106,23 @@ def test_the_compiled_wrappers_record_what_the_python_ones_do() -> None:
     # recorded (it ran until it raised), the optimizer step that raised is not (its block was left open)
     assert "('step', 18)" in train and "('step/forward', 18)" in train and "('step/loss', 17)" in train
     assert "('step/backward', 17)" in train and "('step/optimizer', 16)" in train
-    assert compiled[-3].startswith("0 [] ")  # no auto block left open, none counted as open
+    assert compiled[-4].startswith("0 [] ")  # no auto block left open, none counted as open
     assert "val 4 [('step', 4), ('step/forward', 4), ('step/other', 4)] {}" in compiled  # the evaluations
     assert train.endswith("{'samples': 120}")  # 15 measured batches of 8 (the first step's apart)
+    assert compiled[-2] == "TRACED []"  # no timeline kept
+
+
+def test_the_compiled_wrappers_run_the_blocks_of_a_kept_timeline() -> None:
+    """With the timeline kept, the blocks' class (``TracedBlock``) has its own ``__exit__``: the C wrappers,
+    which call a plain block's methods directly, call that one, and the timeline has every auto stage."""
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+    enable = "stepwatch.enable(trace_steps=100)"
+    compiled, pure = run(pure=False, enable=enable), run(pure=True, enable=enable)
+    assert compiled[:-1] == pure[:-1]
+    traced = compiled[-2]
+    for stage in ("forward", "loss", "backward", "optimizer", "zero_grad"):
+        assert f"('step/{stage}', 'thread')" in traced, traced
 
 
 @pytest.fixture

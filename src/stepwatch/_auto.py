@@ -114,6 +114,7 @@ class AutoSession(AutoState):  # type: ignore[misc]
         self.device_choice = device
         self.patches = _patches.Patches()
         self.module_calls = ModuleCalls(self.patches)
+        self.outer_classes = self.module_calls.outer  # read by the C wrappers without the attribute lookups
         self.found = WhatAutoFound()
         self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
         self.loop_depth = 0

@@ -27,12 +27,13 @@ typedef struct {
     vectorcallfunc vectorcall;
 } AutoCallObject;
 
-/* The stage this call is timed under when it is the common case of a training step (borrowed; NULL with no
- * exception: not the common case, the Python wrapper decides). The session is free on this thread. */
+/* The stage this call is timed under when it may be the common case of a training step (borrowed; NULL with no
+ * exception: not the common case, the Python wrapper decides); whether the stopwatch is measuring is read after,
+ * from the stage's block. The session is free on this thread. */
 static PyObject *
 common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (session->evaluation != Py_None || session->sw == NULL || measuring(session->sw) != 1) {
+    if (session->evaluation != Py_None || session->sw == NULL) {
         return NULL;
     }
     if (self->kind == AUTO_BACKWARD) {
@@ -41,14 +42,12 @@ common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *ar
     if (self->kind == AUTO_ZERO_GRAD) {
         return s_zero_grad;
     }
-    if (nargs < 1 || session->module_calls == NULL) {
+    PyObject *outer = session->outer_classes;
+    if (nargs < 1 || outer == NULL || !PyDict_CheckExact(outer)) {
         return NULL;
     }
     PyObject *module = args[0];
-    PyObject *outer = PyObject_GetAttr(session->module_calls, s_outer);
-    int known_class = outer != NULL && PyDict_CheckExact(outer) ? PyDict_Contains(outer, (PyObject *)Py_TYPE(module)) : -1;
-    Py_XDECREF(outer);
-    if (known_class != 1) {
+    if (PyDict_Contains(outer, (PyObject *)Py_TYPE(module)) != 1) {
         return NULL;
     }
     PyObject *stage = known_stage(session, module);
@@ -63,7 +62,7 @@ common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *ar
 static PyObject *
 with_block(PyObject *block, PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    PyObject *entered = PyObject_CallMethodNoArgs(block, s_enter);
+    PyObject *entered = enter_block(block);
     if (entered == NULL) {
         return NULL;
     }
@@ -71,7 +70,7 @@ with_block(PyObject *block, PyObject *callable, PyObject *const *args, size_t na
     PyObject *result = PyObject_Vectorcall(callable, args, nargsf, kwnames);
     PyObject *exited;
     if (result != NULL) {
-        exited = PyObject_CallMethodObjArgs(block, s_exit, Py_None, Py_None, Py_None, NULL);
+        exited = exit_block(block, Py_None, Py_None, Py_None);
     }
     else {
         PyObject *type, *value, *traceback;
@@ -80,7 +79,7 @@ with_block(PyObject *block, PyObject *callable, PyObject *const *args, size_t na
         if (traceback != NULL) {
             PyException_SetTraceback(value, traceback);
         }
-        exited = PyObject_CallMethodObjArgs(block, s_exit, type, value, traceback ? traceback : Py_None, NULL);
+        exited = exit_block(block, type, value, traceback ? traceback : Py_None);
         int suppress = exited == NULL ? 0 : PyObject_IsTrue(exited);
         if (exited != NULL && suppress == 0) {
             PyErr_Restore(type, value, traceback); /* the exception goes on */
@@ -127,13 +126,22 @@ count_call(AutoCallObject *self, AutoStateObject *session)
     else {
         session->zero_grads++;
     }
+    int bit = self->kind == AUTO_BACKWARD ? FOUND_BACKWARD : FOUND_ZERO_GRAD;
+    if (session->found != NULL && session->found == session->found_known && (session->found_flags & bit)) {
+        return 0; /* set already: the flags never turn back to False */
+    }
     PyObject *flag = self->kind == AUTO_BACKWARD ? s_backward : s_zero_grad; /* found.backward = True */
     PyObject *value = session->found == NULL ? NULL : PyObject_GetAttr(session->found, flag);
     if (value == NULL) {
         return -1;
     }
     Py_DECREF(value);
-    return value == Py_True ? 0 : PyObject_SetAttr(session->found, flag, Py_True);
+    if (value != Py_True && PyObject_SetAttr(session->found, flag, Py_True) < 0) {
+        return -1;
+    }
+    know_found(session);
+    session->found_flags |= bit;
+    return 0;
 }
 
 /* Torch's global hook before an optimizer step, its common case (``optimizer_pre_hook``'s): the optimizer's
@@ -143,19 +151,29 @@ static int
 pre_step(AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || !free_on_this_thread(session) || session->evaluation != Py_None || session->sw == NULL ||
-        session->open_blocks == NULL || !PyList_CheckExact(session->open_blocks) || measuring(session->sw) != 1) {
+        session->open_blocks == NULL || !PyList_CheckExact(session->open_blocks)) {
         return PyErr_Occurred() ? -1 : 0;
     }
-    PyObject *optimizers = session->found == NULL ? NULL : PyObject_GetAttr(session->found, s_optimizers);
-    PyObject *name = optimizers == NULL ? NULL : PyObject_GetAttr((PyObject *)Py_TYPE(args[0]), s_name);
-    int known = name == NULL || !PyDict_CheckExact(optimizers) ? -1 : PyDict_Contains(optimizers, name);
-    Py_XDECREF(name);
-    Py_XDECREF(optimizers);
+    PyObject *cls = (PyObject *)Py_TYPE(args[0]);
+    int known = session->found != NULL && session->found == session->found_known && session->optimizer_type == cls;
+    if (!known) { /* its class's name among the optimizers found, and the class remembered */
+        PyObject *optimizers = session->found == NULL ? NULL : PyObject_GetAttr(session->found, s_optimizers);
+        PyObject *name = optimizers == NULL ? NULL : PyObject_GetAttr(cls, s_name);
+        known = name == NULL || !PyDict_CheckExact(optimizers) ? -1 : PyDict_Contains(optimizers, name);
+        Py_XDECREF(name);
+        Py_XDECREF(optimizers);
+        if (known == 1) {
+            know_found(session);
+            Py_XSETREF(session->optimizer_type, Py_NewRef(cls));
+        }
+    }
     PyObject *block = known != 1 ? NULL : existing_block(session->sw, s_optimizer);
-    if (block == NULL) {
+    int on = block == NULL ? 0 : block_measuring(block, session->sw);
+    if (on != 1) {
+        Py_XDECREF(block);
         return PyErr_Occurred() ? -1 : 0;
     }
-    PyObject *entered = PyObject_CallMethodNoArgs(block, s_enter);
+    PyObject *entered = enter_block(block);
     int failed = entered == NULL || PyList_Append(session->open_blocks, block) < 0;
     Py_XDECREF(entered);
     Py_DECREF(block);
@@ -186,7 +204,7 @@ post_step(AutoStateObject *session)
         Py_DECREF(block);
         return -1;
     }
-    PyObject *exited = PyObject_CallMethodObjArgs(block, s_exit, Py_None, Py_None, Py_None, NULL);
+    PyObject *exited = exit_block(block, Py_None, Py_None, Py_None);
     Py_DECREF(block);
     Py_XDECREF(exited);
     return exited == NULL ? -1 : 1;
@@ -225,6 +243,10 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
     if (free_here) {
         stage = common_stage(self, session, args, PyVectorcall_NARGS(nargsf));
         block = stage == NULL ? NULL : existing_block(session->sw, stage);
+        int on = block == NULL ? 0 : block_measuring(block, session->sw);
+        if (on != 1) {
+            Py_CLEAR(block); /* not measuring: the Python wrapper's case */
+        }
     }
     if (PyErr_Occurred()) {
         goto done;

@@ -3,6 +3,7 @@
  */
 
 enum { AUTO_MODULE_CALL = 0, AUTO_BACKWARD = 1, AUTO_ZERO_GRAD = 2, AUTO_PRE_STEP = 3, AUTO_POST_STEP = 4 };
+enum { FOUND_BACKWARD = 1, FOUND_ZERO_GRAD = 2 };
 
 /* The session's state that every wrapped call reads or writes, as C fields (the base class of
  * stepwatch._auto.AutoSession): a read or a count here is a load or an add, where an attribute of a Python
@@ -19,6 +20,10 @@ typedef struct {
     PyObject *found;          /* what auto found (WhatAutoFound) */
     PyObject *open_blocks;    /* the optimizer blocks opened by the pre-step hook (a list) */
     PyObject *driven;         /* the loop of optimizer steps without a DataLoader, or None */
+    PyObject *outer_classes;  /* ``module_calls.outer`` (a dict, never rebound): the classes of outermost calls */
+    PyObject *found_known;    /* the ``found`` whose flags below were seen set (not exposed to Python) */
+    PyObject *optimizer_type; /* an optimizer class ``found_known`` has among its optimizers (not exposed) */
+    int found_flags;          /* FOUND_BACKWARD, FOUND_ZERO_GRAD: seen True on ``found_known`` (they never turn back) */
     Py_ssize_t busy;          /* auto blocks open: nested patched calls are plain */
     Py_ssize_t backward_calls;
     Py_ssize_t training_blocks;
@@ -35,6 +40,7 @@ static PyMemberDef auto_state_members[] = {
     {"found", T_OBJECT, offsetof(AutoStateObject, found), 0, NULL},
     {"open_blocks", T_OBJECT, offsetof(AutoStateObject, open_blocks), 0, NULL},
     {"driven", T_OBJECT, offsetof(AutoStateObject, driven), 0, NULL},
+    {"outer_classes", T_OBJECT, offsetof(AutoStateObject, outer_classes), 0, NULL},
     {"busy", T_PYSSIZET, offsetof(AutoStateObject, busy), 0, NULL},
     {"backward_calls", T_PYSSIZET, offsetof(AutoStateObject, backward_calls), 0, NULL},
     {"training_blocks", T_PYSSIZET, offsetof(AutoStateObject, training_blocks), 0, NULL},
@@ -54,6 +60,9 @@ auto_state_traverse(AutoStateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->found);
     Py_VISIT(self->open_blocks);
     Py_VISIT(self->driven);
+    Py_VISIT(self->outer_classes);
+    Py_VISIT(self->found_known);
+    Py_VISIT(self->optimizer_type);
     return 0;
 }
 
@@ -69,6 +78,9 @@ auto_state_clear(AutoStateObject *self)
     Py_CLEAR(self->found);
     Py_CLEAR(self->open_blocks);
     Py_CLEAR(self->driven);
+    Py_CLEAR(self->outer_classes);
+    Py_CLEAR(self->found_known);
+    Py_CLEAR(self->optimizer_type);
     return 0;
 }
 
@@ -187,4 +199,81 @@ existing_block(PyObject *sw, PyObject *stage)
     Py_XINCREF(block);
     Py_XDECREF(by_name);
     return block;
+}
+
+/* Remembers ``found`` as the object whose flags and optimizer class the session has seen (they are forgotten
+ * when ``found`` is another object). */
+static void
+know_found(AutoStateObject *session)
+{
+    if (session->found_known != session->found) {
+        Py_XSETREF(session->found_known, Py_XNewRef(session->found));
+        session->found_flags = 0;
+        Py_CLEAR(session->optimizer_type);
+    }
+}
+
+/* Whether ``block``'s stopwatch is measuring, read from the stacks the block keeps (the stopwatch's, re-pointed
+ * when its state is lent or shared), or from ``sw`` for a block of another kind: 1, 0, or -1. */
+static int
+block_measuring(PyObject *block, PyObject *sw)
+{
+    if (!PyObject_TypeCheck(block, &BlockBaseType) || ((BlockObject *)block)->stacks == NULL) {
+        return measuring(sw);
+    }
+    PyObject *value = slot_get(((BlockObject *)block)->stacks, &slot_measuring);
+    if (value == NULL) {
+        return -1;
+    }
+    Py_DECREF(value);
+    return value == Py_True;
+}
+
+static PyTypeObject *base_methods_type = NULL; /* the last class found to run BlockBase's own methods */
+static unsigned int base_methods_version = 0;  /* its version tag then (a class changed since gets a new one) */
+
+/* Whether ``block``'s __enter__ and __exit__ are BlockBase's own, its class (``Block``, a Python subclass) not
+ * overriding them: then they are called here directly, without looking them up on the class (a few cache lines
+ * of the class and the interpreter's method cache, cold in a real step). 1 or 0. */
+static int
+runs_base_methods(PyObject *block)
+{
+    PyTypeObject *type = Py_TYPE(block);
+    if (type == base_methods_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+        type->tp_version_tag == base_methods_version) {
+        return 1;
+    }
+    if (!PyType_IsSubtype(type, &BlockBaseType)) {
+        return 0;
+    }
+    PyObject *enter = _PyType_Lookup(type, s_enter); /* borrowed; assigns the class a version tag */
+    PyObject *exit = _PyType_Lookup(type, s_exit);
+    if (enter == NULL || exit == NULL || enter != _PyType_Lookup(&BlockBaseType, s_enter) ||
+        exit != _PyType_Lookup(&BlockBaseType, s_exit) || !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return 0;
+    }
+    base_methods_type = type;
+    base_methods_version = type->tp_version_tag;
+    return 1;
+}
+
+/* ``block.__enter__()``: a new reference, or NULL with an exception. */
+static PyObject *
+enter_block(PyObject *block)
+{
+    if (runs_base_methods(block)) {
+        return block_enter((BlockObject *)block, NULL);
+    }
+    return PyObject_CallMethodNoArgs(block, s_enter);
+}
+
+/* ``block.__exit__(type, value, traceback)``: a new reference, or NULL with an exception. */
+static PyObject *
+exit_block(PyObject *block, PyObject *type, PyObject *value, PyObject *traceback)
+{
+    if (runs_base_methods(block)) {
+        PyObject *args[3] = {type, value, traceback};
+        return block_exit((BlockObject *)block, args, 3);
+    }
+    return PyObject_CallMethodObjArgs(block, s_exit, type, value, traceback, NULL);
 }
