@@ -239,3 +239,92 @@ def test_the_compiled_sample_count_adds_what_the_python_one_does() -> None:
     ]
     assert counted(_counters.python_add_samples) == expected
     assert counted(_counters.add_samples) == expected
+
+
+LOOPS = """
+import gc, torch, stepwatch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+import stepwatch._patches as patches
+
+torch.manual_seed(0)
+model, criterion = nn.Linear(4, 2), nn.MSELoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8 * 10 + 3, 4), torch.randn(8 * 10 + 3, 2)), batch_size=8)
+stepwatch.auto()
+session = patches.session
+
+def step(x, y):
+    criterion(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+def state(what):
+    phase = stepwatch.summary().phases.get("train")
+    counted = (phase.steps, dict(phase.counters)) if phase else None
+    print(what, session.loop_depth, session.loop_thread is None, session.busy, counted, flush=True)
+
+for x, y in loader:  # every batch (the last one short)
+    step(x, y)
+state("whole")
+for index, (x, y) in enumerate(loader):  # a break: the loop ends when its iterator is dropped
+    step(x, y)
+    if index == 3:
+        break
+gc.collect()
+state("break")
+try:
+    for index, (x, y) in enumerate(loader):  # an exception out of the loop
+        step(x, y)
+        if index == 2:
+            raise KeyError("out")
+except KeyError:
+    pass
+gc.collect()
+state("raised")
+x, y = next(iter(loader))  # one batch and the iterator dropped at once
+step(x, y)
+gc.collect()
+state("next(iter())")
+batches = iter(loader)
+next(batches)
+batches.close()  # closed by hand
+state("closed")
+print("closed again", next(batches, "none left"))
+for x, y in loader:  # a nested loop's batches (a few micro-batches) are the enclosing step's
+    for inner, _ in zip(loader, range(2)):
+        pass
+    step(x, y)
+gc.collect()
+state("nested")
+print("TYPE", type(iter(loader)).__name__)
+"""
+
+
+def test_the_compiled_loop_ends_as_the_python_generator_does() -> None:
+    """auto()'s loop over a DataLoader in C (``AutoSteps``) and in Python: the same steps and sample counts, and
+    the session's loop state given back, however the loop ends: run out, a ``break``, an exception out of it,
+    ``next(iter(loader))``, closed by hand, nested."""
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+    outputs = []
+    for pure in (False, True):
+        env = {k: v for k, v in subprocess_env().items() if k != "STEPWATCH_PURE_PYTHON"}
+        if pure:
+            env["STEPWATCH_PURE_PYTHON"] = "1"
+        result = subprocess.run([PYTHON, "-c", LOOPS], capture_output=True, text=True, timeout=300, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "Exception ignored" not in result.stderr, result.stderr
+        outputs.append(result.stdout.splitlines())
+    compiled, pure_python = outputs
+    assert compiled[-1] == "TYPE AutoSteps" and pure_python[-1] == "TYPE generator"
+    assert compiled[:-1] == pure_python[:-1]
+    for line in compiled[:-2]:
+        if line.startswith("closed again"):
+            assert line == "closed again none left"
+        elif line.startswith("next(iter())"):  # its loop stays the session's until the next loop starts
+            assert line.startswith("next(iter()) 1 False 0 "), line
+        else:  # no loop left open on the session
+            assert " 0 True 0 " in line, line
+    # the first loop's 11 batches (the first one-off, the short last one counted as it is): 10 steps, 83 - 8
+    assert compiled[0] == "whole 0 True 0 (10, {'samples': 75})"

@@ -18,14 +18,15 @@ import sys
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from threading import get_ident
-from types import MethodType, ModuleType
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import _patches
-from ._batch_size import batch_size, uniform_batches
+from ._auto_found import WhatAutoFound
+from ._auto_steps import auto_steps
+from ._batch_size import uniform_batches
 from ._block_base import AutoState
 from ._constants import DEFAULT_PHASE, VAL_PHASE
-from ._counters import add_samples
 from ._external_loops import DrivenLoop, is_empty, rename_phase
 from ._module_calls import ModuleCalls
 
@@ -39,54 +40,6 @@ _SITE_DEPTH = 3
 """Frames above ``DataLoader.__iter__`` that tell one loop from another (the same progress-bar library line
 serves every loop that uses it)."""
 _MAX_REMEMBERED = 1000
-
-
-class WhatAutoFound:
-    """What auto-instrumentation found and timed: the report's first line."""
-
-    def __init__(self) -> None:
-        self.loaders: dict[int, int] = {}  # id(loader) -> its workers
-        self.forward: dict[str, None] = {}
-        self.loss: dict[str, None] = {}
-        self.backward = False
-        self.optimizers: dict[str, None] = {}
-        self.zero_grad = False
-        self.h2d = False
-        self.driven = False
-        self.evaluations = 0  # evaluations inside training steps, reported as the val phase
-        self.device: str | None = None
-        self.active = True  # instrumenting; once not, a reset() of the stopwatch forgets this description
-
-    def describe(self) -> str:
-        parts = []
-        if self.loaders:
-            workers = "/".join(str(w) for w in sorted(set(self.loaders.values())))
-            many = len(self.loaders)
-            parts.append(f"DataLoader ({workers} workers)" if many == 1 else f"{many} DataLoaders ({workers} workers)")
-        if self.driven:
-            parts.append("no DataLoader loop: each step ends at an optimizer step (making batches is in step/other)")
-        if self.evaluations:
-            parts.append(
-                f"{self.evaluations} evaluation{'s' if self.evaluations != 1 else ''} inside training steps"
-                " (no_grad or eval mode): the val phase, a step per forward"
-            )
-        if not parts:
-            parts.append("no DataLoader loop and no optimizer step: no steps")
-        if self.forward:
-            parts.append("forward: " + "+".join(self.forward))
-        if self.loss:
-            parts.append("loss: " + "+".join(self.loss))
-        if self.backward:
-            parts.append("backward")
-        if self.optimizers:
-            parts.append("optimizer: " + "+".join(self.optimizers))
-        if self.zero_grad:
-            parts.append("zero_grad")
-        if self.h2d:
-            parts.append("h2d")
-        if self.device:
-            parts.append(f"device timing on {self.device}")
-        return "auto: " + ", ".join(parts)
 
 
 class _Plain:
@@ -118,6 +71,7 @@ class AutoSession(AutoState):  # type: ignore[misc]
         self.found = WhatAutoFound()
         self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
         self.loop_depth = 0
+        self.steps_to_next_check = self.module_calls.steps_to_next_check  # counted down by the loop's steps
         self.instrumented: weakref.WeakSet[Any] = weakref.WeakSet()  # the DataLoaders watched, to undo
         self.busy = 0  # auto blocks open (nested patched calls are plain)
         self.open_blocks: list[Block] = []  # optimizer blocks opened by the pre-step hook
@@ -271,10 +225,16 @@ class AutoSession(AutoState):  # type: ignore[misc]
             self.driven = DrivenLoop(self)
 
     def _step_ended(self) -> None:
+        self.steps_to_next_check -= 1
+        if self.steps_to_next_check <= 0:
+            self.check_module_calls()
+
+    def check_module_calls(self) -> None:
+        """A step of the loop being broken down ended and :attr:`steps_to_next_check` fell to 0: every step
+        while learning the outermost module classes, every ``RELEARN_EVERY`` steps once narrowed."""
         calls = self.module_calls
-        calls.steps_to_next_check -= 1
-        if calls.steps_to_next_check <= 0:
-            calls.step_ended()
+        calls.step_ended()
+        self.steps_to_next_check = calls.steps_to_next_check
 
     def _end_driven(self) -> None:
         self.end_evaluation()
@@ -295,6 +255,7 @@ class AutoSession(AutoState):  # type: ignore[misc]
         if self.loop_thread in (None, here) and (not nested or site not in self.sites):
             # a loop starting anew (an epoch, a validation loop): its steps may call other modules
             self.module_calls.loop_started()
+            self.steps_to_next_check = self.module_calls.steps_to_next_check
         if kind == "train" and self.driven is not None and self.driven.thread == here:
             self._end_driven()  # a DataLoader training loop takes over the steps
         if self.loop_thread is None:
@@ -306,6 +267,7 @@ class AutoSession(AutoState):  # type: ignore[misc]
         if len(self.found.loaders) < _MAX_REMEMBERED:
             self.found.loaders.setdefault(id(loader), int(getattr(loader, "num_workers", 0) or 0))
         watched = self.sw.watch(_Plain(loader, original_iter), phase=name, loaders=[loader])
+        watched.for_frame = False  # the program's frame is not the one calling next() on it: _auto_steps is
         with contextlib.suppress(TypeError):  # a loader without weak references stays instrumented (and works)
             self.instrumented.add(loader)
         return self._steps(watched, site, kind, name, created, loader)
@@ -313,38 +275,23 @@ class AutoSession(AutoState):  # type: ignore[misc]
     def _steps(
         self, watched: Any, site: tuple[Any, ...], kind: str, name: str | None, created: bool, loader: Any
     ) -> Iterator[Any]:
-        thread = get_ident()
-        tracked = self.loop_thread in (None, thread)
-        if tracked:
-            self.loop_thread = thread
-            self.loop_depth += 1
-        backward_before = self.backward_calls
-        batches = 0
-        # a nested loop's batches are the enclosing one's; a batch of torch's own batching is looked into once
-        count = MethodType(add_samples, self.sw) if name is not None else None
-        uniform, full = uniform_batches(loader)
-        steps = iter(watched)
-        calls = self.module_calls
-        try:
-            for batch in steps:
-                batches += 1
-                if tracked and self.busy and self.loop_depth == 1:  # an optimizer step that raised, caught
-                    self.busy = 0
-                    self.open_blocks.clear()
-                if count is not None:
-                    size = uniform if 1 < batches <= full else batch_size(batch)
-                    if batches == 1 and size != uniform:
-                        full = 0  # not what its batch size says: every batch is looked into
-                    if size:
-                        count(size)
-                yield batch
-                if self.evaluation is not None:  # an evaluation at the step's end ends before the next batch
-                    self.end_evaluation()
-                if tracked and self.loop_depth == 1:
-                    calls.steps_to_next_check -= 1
-                    if calls.steps_to_next_check <= 0:
-                        calls.step_ended()
-        finally:
+        """The loop's batches (``_auto_steps``): it starts at its first batch and ends however it ends."""
+        backward_before = 0
+        steps: Iterator[Any] | None = None
+
+        def begin() -> tuple[Iterator[Any], bool, int | None, int]:
+            nonlocal backward_before, steps
+            thread = get_ident()
+            tracked = self.loop_thread in (None, thread)
+            if tracked:
+                self.loop_thread = thread
+                self.loop_depth += 1
+            backward_before = self.backward_calls
+            uniform, full = uniform_batches(loader)
+            steps = iter(watched)
+            return steps, tracked, uniform, full
+
+        def end(tracked: bool, batches: int) -> None:
             self.end_evaluation()
             close = getattr(steps, "close", None)
             if close is not None:
@@ -355,6 +302,9 @@ class AutoSession(AutoState):  # type: ignore[misc]
                     self.loop_thread = None
             if batches:
                 self._learn(site, kind, name, created, self.backward_calls > backward_before)
+
+        # a nested loop's batches are the enclosing one's: counted there
+        return auto_steps(self, begin, end, self.sw if name is not None else None)
 
     def _guess(self, site: tuple[Any, ...], nested: bool) -> str:
         """Train or val, as the loop starts: val under ``no_grad``/``inference_mode``; else what this loop

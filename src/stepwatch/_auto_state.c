@@ -25,6 +25,8 @@ typedef struct {
     PyObject *optimizer_type; /* an optimizer class ``found_known`` has among its optimizers (not exposed) */
     int found_flags;          /* FOUND_BACKWARD, FOUND_ZERO_GRAD: seen True on ``found_known`` (they never turn back) */
     Py_ssize_t busy;          /* auto blocks open: nested patched calls are plain */
+    Py_ssize_t loop_depth;    /* DataLoader loops of the session's thread under way (nested ones count) */
+    Py_ssize_t steps_to_next_check; /* steps until the module calls are checked (``check_module_calls``) */
     Py_ssize_t backward_calls;
     Py_ssize_t training_blocks;
     Py_ssize_t zero_grads;
@@ -42,6 +44,8 @@ static PyMemberDef auto_state_members[] = {
     {"driven", T_OBJECT, offsetof(AutoStateObject, driven), 0, NULL},
     {"outer_classes", T_OBJECT, offsetof(AutoStateObject, outer_classes), 0, NULL},
     {"busy", T_PYSSIZET, offsetof(AutoStateObject, busy), 0, NULL},
+    {"loop_depth", T_PYSSIZET, offsetof(AutoStateObject, loop_depth), 0, NULL},
+    {"steps_to_next_check", T_PYSSIZET, offsetof(AutoStateObject, steps_to_next_check), 0, NULL},
     {"backward_calls", T_PYSSIZET, offsetof(AutoStateObject, backward_calls), 0, NULL},
     {"training_blocks", T_PYSSIZET, offsetof(AutoStateObject, training_blocks), 0, NULL},
     {"zero_grads", T_PYSSIZET, offsetof(AutoStateObject, zero_grads), 0, NULL},

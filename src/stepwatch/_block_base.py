@@ -132,9 +132,13 @@ AutoCall: Any = None
 """auto()'s wrappers' common case in C (``_auto_calls.c``), where the blocks are compiled; None elsewhere."""
 AutoState: type = object
 """The base of ``AutoSession``: its state read by those wrappers, as C fields where they are compiled."""
+AutoSteps: Any = None
+"""auto()'s loop over a DataLoader's watched batches in C (``_auto_steps.c``), where the blocks are compiled; None
+elsewhere (``_auto_steps.python_steps`` then)."""
 if COMPILED:
     from ._speedups import AutoCall as AutoCall  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import AutoState as AutoState  # type: ignore[import-not-found,no-redef,unused-ignore]
+    from ._speedups import AutoSteps as AutoSteps  # type: ignore[import-not-found,no-redef,unused-ignore]
 
 swap_frame: Callable[..., tuple[Any, Any, int] | None] = python_swap_frame
 """A timed loop's steady step boundary, one half: :func:`python_swap_frame`, or the same in C."""

@@ -47,6 +47,7 @@ def iterate(
     driven: bool = False,
     beats: bool = False,
     around: Callable[[], Callable[[], None]] | None = None,
+    for_frame: bool = True,
 ) -> Generator[T, None, None]:
     """The generator behind :meth:`Stopwatch.timed_iter`; ``source``, when it is a DataLoader, has its
     configuration recorded for the phase (the advice depends on it). A ``driven`` loop is advanced by hooks
@@ -55,7 +56,8 @@ def iterate(
     a framework's hooks (its fetch starting and ending): the first ``next()`` ends the step and starts the
     wait, yielding :data:`WAITING`; the second ends the wait and starts the next step, yielding None. ``around``
     is called as the loop starts (before ``iter(iterable)``) and what it returns as the loop ends: ``watch()``'s
-    setup, with no generator of its own between the loop and its batches."""
+    setup, with no generator of its own between the loop and its batches. ``for_frame``: whether the frame
+    calling ``next()`` is the one whose ``for`` statement consumes the loop (not behind auto()'s iterator)."""
     clock = sw.clock
     stacks = sw.stacks
     stack = stacks.thread_stack()
@@ -71,7 +73,7 @@ def iterate(
     device_loop = _Loop(phase) if device is not None and own_phase else None
     loop_phase = phase if own_phase else None
     iterator: Any = None
-    site = LoopSite(None if driven or beats else sys._getframe(1), phase.name)  # the frame calling next()
+    site = LoopSite(None if driven or beats or not for_frame else sys._getframe(1), phase.name)  # calling next()
     if outer:
         seen_by(sw.out)  # the job is kept while its group is up; rank 0 is to wait for this rank's run at exit
         sw.compiles.install()  # torch.compile loaded since stepwatch was enabled: its compilations are seen

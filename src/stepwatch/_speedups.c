@@ -10,7 +10,7 @@
  *
  * The module's other parts, each in a file of its own included here: the slots read at their offsets
  * (_slots.c), the thread's stack, the clock, frames and buffers (_frames.c), auto()'s state and wrappers
- * (_auto_state.c, _auto_calls.c), count() (_counts.c, _counter.c), a timed loop's steady step boundary (_boundary.c) and
+ * (_auto_state.c, _auto_calls.c), auto()'s loop (_auto_steps.c), count() (_counts.c, _counter.c), a timed loop's steady step boundary (_boundary.c) and
  * timed()'s lookup (_lookup.c), a batch's reads and collate in the main process (_reads.c).
  */
 #define PY_SSIZE_T_CLEAN
@@ -277,6 +277,7 @@ static PyTypeObject BlockBaseType = {
 #include "_auto_state.c"
 #include "_auto_calls.c"
 #include "_counts.c"
+#include "_auto_steps.c"
 #include "_counter.c"
 #include "_boundary.c"
 #include "_lookup.c"
@@ -359,7 +360,8 @@ PyInit__speedups(void)
         Py_DECREF(module);
         return NULL;
     }
-    if (auto_calls_ready(module) < 0 || counts_add_types(module) < 0 || lookup_add_type(module) < 0) {
+    if (auto_calls_ready(module) < 0 || auto_steps_ready(module) < 0 || counts_add_types(module) < 0 ||
+        lookup_add_type(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

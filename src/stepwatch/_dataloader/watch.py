@@ -145,6 +145,9 @@ class WatchedLoader(Generic[T]):
         self.stopwatch = stopwatch
         self.stage, self.body, self.phase = stage, body, phase
         self._parts = [_instrument(loader, stopwatch) for loader in found]
+        self.for_frame = True
+        """Whether the frame calling ``next()`` on the loop is the one whose ``for`` statement consumes it
+        (False: auto()'s iterator stands between them; see ``_loop_sites.LoopSite``)."""
 
     @property
     def loader(self) -> Any:
@@ -163,7 +166,14 @@ class WatchedLoader(Generic[T]):
 
         check_loop_names(self.stage, self.body, self.phase)
         return iterate(
-            self.stopwatch, self.iterable, self.stage, self.body, self.phase, source=self.loader, around=self._watching
+            self.stopwatch,
+            self.iterable,
+            self.stage,
+            self.body,
+            self.phase,
+            source=self.loader,
+            around=self._watching,
+            for_frame=self.for_frame,
         )
 
     def _watching(self) -> Callable[[], None]:
