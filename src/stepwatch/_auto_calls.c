@@ -147,7 +147,7 @@ count_call(AutoCallObject *self, AutoStateObject *session)
 /* Torch's global hook before an optimizer step, its common case (``optimizer_pre_hook``'s): the optimizer's
  * class already found, the ``optimizer`` block opened and left open for the hook after the step. 1: done; 0:
  * not the common case; -1: an exception. */
-static int
+static APART int
 pre_step(AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || !free_on_this_thread(session) || session->evaluation != Py_None || session->sw == NULL ||
@@ -187,7 +187,7 @@ pre_step(AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
 /* Torch's global hook after an optimizer step, its common case in a DataLoader loop's step
  * (``optimizer_post_hook``'s): the block the pre-step hook opened, closed. 1: done; 0: not the common case; -1:
  * an exception. */
-static int
+static APART int
 post_step(AutoStateObject *session)
 {
     if (session->loop_thread == NULL || !PyLong_CheckExact(session->loop_thread) ||
@@ -210,6 +210,13 @@ post_step(AutoStateObject *session)
     return exited == NULL ? -1 : 1;
 }
 
+/* The Python wrapper (or, with no session, the original): every case but the common one. */
+static COLD PyObject *
+call_in_python(AutoCallObject *self, PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    return PyObject_Vectorcall(callable == NULL ? self->fallback : callable, args, nargsf, kwnames);
+}
+
 static PyObject *
 auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -217,11 +224,11 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
     if (current == NULL && PyErr_Occurred()) {
         return NULL;
     }
-    if (current == NULL || current == Py_None) {
-        return PyObject_Vectorcall(self->original == Py_None ? self->fallback : self->original, args, nargsf, kwnames);
+    if (UNLIKELY(current == NULL || current == Py_None)) {
+        return call_in_python(self, self->original == Py_None ? NULL : self->original, args, nargsf, kwnames);
     }
-    if (!PyObject_TypeCheck(current, &AutoStateType)) {
-        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    if (UNLIKELY(!PyObject_TypeCheck(current, &AutoStateType))) {
+        return call_in_python(self, NULL, args, nargsf, kwnames);
     }
     AutoStateObject *session = (AutoStateObject *)current;
     if (self->kind == AUTO_PRE_STEP || self->kind == AUTO_POST_STEP) {
@@ -231,7 +238,7 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
         if (done != 0) {
             return done < 0 ? NULL : Py_NewRef(Py_None);
         }
-        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+        return call_in_python(self, NULL, args, nargsf, kwnames);
     }
     Py_INCREF(session);
     PyObject *result = NULL, *block = NULL, *stage = NULL;
@@ -251,8 +258,8 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
     if (PyErr_Occurred()) {
         goto done;
     }
-    if (block == NULL) { /* not the common case, or a stage without its block yet: the Python wrapper */
-        result = PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    if (UNLIKELY(block == NULL)) { /* not the common case, or a stage without its block yet: the Python wrapper */
+        result = call_in_python(self, NULL, args, nargsf, kwnames);
         goto done;
     }
     if (count_call(self, session) == 0) {

@@ -1,5 +1,5 @@
-/* The thread's stack of open frames, the clock, a frame's items and a stage's buffer: what every C hot path of
- * stepwatch reads and writes (included by _speedups.c, after the names and the slots it uses).
+/* The thread's stack of open frames, the clock, a frame's items, a stage's buffer and a block's node: what every
+ * C hot path of stepwatch reads and writes (included by _speedups.c, after the names and the slots it uses).
  */
 
 /* The last stack found, and what it was found for: a ``stacks.local`` object and a thread (its state's
@@ -9,12 +9,14 @@
  * this check, a few. ``cached_values`` is the local's ``__dict__`` for that thread, once read (count()). */
 static PyObject *cached_local, *cached_thread, *cached_stack, *cached_values;
 
+static PyObject *thread_stack_found(PyObject *stacks, PyObject *local, PyObject *thread);
+
 /* This thread's stack of open frames: ``stacks.local.stack``, made by ``stacks.thread_stack()`` on first use. */
 static PyObject *
 thread_stack(PyObject *stacks)
 {
     PyObject *local = slot_get(stacks, &slot_local);
-    if (local == NULL) {
+    if (UNLIKELY(local == NULL)) {
         return NULL;
     }
     PyObject *thread = PyThreadState_GetDict(); /* borrowed */
@@ -23,6 +25,13 @@ thread_stack(PyObject *stacks)
         Py_INCREF(cached_stack);
         return cached_stack;
     }
+    return thread_stack_found(stacks, local, thread);
+}
+
+/* ``thread_stack``'s miss: the stack read from the thread-local (or made), and cached. ``local`` is handed over. */
+static COLD PyObject *
+thread_stack_found(PyObject *stacks, PyObject *local, PyObject *thread)
+{
     PyObject *stack = PyObject_GetAttr(local, s_stack);
     if (stack == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -81,6 +90,12 @@ read_clock(PyObject *clock)
     return read_clock_raw(clock, &now_ns) ? PyLong_FromLongLong(now_ns) : PyObject_CallNoArgs(clock);
 }
 
+static COLD PyObject *
+sequence_item(PyObject *frame, Py_ssize_t index)
+{
+    return PySequence_GetItem(frame, index);
+}
+
 /* ``frame[index]`` of a frame (a tuple, or a list for a device frame): a new reference. */
 static PyObject *
 frame_item(PyObject *frame, Py_ssize_t index)
@@ -90,7 +105,14 @@ frame_item(PyObject *frame, Py_ssize_t index)
         Py_INCREF(item);
         return item;
     }
-    return PySequence_GetItem(frame, index);
+    return sequence_item(frame, index);
+}
+
+static COLD PyObject *
+empty_stack(void)
+{
+    PyErr_SetString(PyExc_IndexError, "list index out of range");
+    return NULL;
 }
 
 /* ``stack[-1]``, borrowed. */
@@ -98,9 +120,8 @@ static PyObject *
 top_of(PyObject *stack)
 {
     Py_ssize_t size = PyList_GET_SIZE(stack);
-    if (size == 0) {
-        PyErr_SetString(PyExc_IndexError, "list index out of range");
-        return NULL;
+    if (UNLIKELY(size == 0)) {
+        return empty_stack();
     }
     return PyList_GET_ITEM(stack, size - 1);
 }
@@ -108,6 +129,18 @@ top_of(PyObject *stack)
 /* ``end - start`` where the end is a C integer of nanoseconds (the default clock's reading, ``read_clock_raw``):
  * the difference is the one Python int made; a start that is not an int of the same sign goes through Python's
  * subtraction. */
+static COLD PyObject *
+elapsed_in_python(long long end_ns, PyObject *start)
+{
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *end = PyLong_FromLongLong(end_ns);
+    PyObject *elapsed = end == NULL ? NULL : PyNumber_Subtract(end, start);
+    Py_XDECREF(end);
+    return elapsed;
+}
+
 static PyObject *
 elapsed_since(long long end_ns, PyObject *start)
 {
@@ -117,14 +150,8 @@ elapsed_since(long long end_ns, PyObject *start)
         if (!overflow && (first >= 0) == (end_ns >= 0) && !(first == -1 && PyErr_Occurred())) {
             return PyLong_FromLongLong(end_ns - first); /* (same signs: no overflow) */
         }
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
     }
-    PyObject *end = PyLong_FromLongLong(end_ns);
-    PyObject *elapsed = end == NULL ? NULL : PyNumber_Subtract(end, start);
-    Py_XDECREF(end);
-    return elapsed;
+    return elapsed_in_python(end_ns, start);
 }
 
 /* ``end - start``, two ints of nanoseconds (any other numbers through Python's subtraction). */
@@ -146,8 +173,21 @@ difference(PyObject *end, PyObject *start)
 
 /* ``list.append(item)``, then ``stacks.fold(node)`` once ``len(list)`` reaches the fold size (``list``: a node's
  * buffer, or its batches): 0, or -1 with an exception. */
+static COLD int
+append_and_fold_slowly(PyObject *stacks, PyObject *node, PyObject *list, PyObject *item);
+
 static int
 append_and_fold(PyObject *stacks, PyObject *node, PyObject *list, PyObject *item)
+{
+    if (PyList_CheckExact(list) && PyList_GET_SIZE(list) + 1 < fold_at) {
+        return PyList_Append(list, item); /* the common case: the buffer not full after it */
+    }
+    return append_and_fold_slowly(stacks, node, list, item);
+}
+
+/* ``append_and_fold``'s other cases: a buffer that is not a plain list, or full once appended to. */
+static COLD int
+append_and_fold_slowly(PyObject *stacks, PyObject *node, PyObject *list, PyObject *item)
 {
     int failed;
     if (PyList_Check(list)) {
@@ -184,4 +224,51 @@ record(PyObject *stacks, PyObject *node, PyObject *elapsed)
     int failed = append_and_fold(stacks, node, buf, elapsed);
     Py_DECREF(buf);
     return failed;
+}
+
+/* ``sw.tree.add_child(parent, name)``: a block's node made the first time it opens under ``parent``. */
+static COLD PyObject *
+new_child_node(BlockObject *self, PyObject *parent)
+{
+    PyObject *tree = PyObject_GetAttr(self->sw, s_tree);
+    if (tree == NULL) {
+        return NULL;
+    }
+    PyObject *node = PyObject_CallMethodObjArgs(tree, s_add_child, parent, self->name, NULL);
+    Py_DECREF(tree);
+    return node;
+}
+
+/* A dropped node's children (not a dict): every name is that node again. A new reference, or NULL. */
+static COLD PyObject *
+dropped_child(PyObject *children, PyObject *name)
+{
+    PyObject *node = PyObject_CallMethodOneArg(children, s_get, name);
+    if (node == Py_None) {
+        Py_CLEAR(node);
+    }
+    return node;
+}
+
+/* The child node named ``name`` of ``parent``, made by ``sw.tree.add_child`` if it is new: a new reference. */
+static PyObject *
+child_node(BlockObject *self, PyObject *parent)
+{
+    PyObject *children = slot_get(parent, &slot_children);
+    if (UNLIKELY(children == NULL)) {
+        return NULL;
+    }
+    PyObject *node;
+    if (PyDict_CheckExact(children)) {
+        node = PyDict_GetItemWithError(children, self->name);
+        Py_XINCREF(node);
+    }
+    else {
+        node = dropped_child(children, self->name);
+    }
+    Py_DECREF(children);
+    if (node != NULL || PyErr_Occurred()) {
+        return node;
+    }
+    return new_child_node(self, parent);
 }

@@ -27,6 +27,19 @@ typedef struct {
     PyObject *stacks; /* ``sw.stacks``, kept: the stopwatch's state lent or shared re-points it (Blocks.follow_state) */
 } BlockObject;
 
+#if defined(__GNUC__)
+/* A rare path (a miss, a fold, an error's own work) in a function of its own, marked cold: the compiler places
+ * it apart, so that the common path's instructions share fewer cache lines (in a real step each line of them
+ * is fetched cold, benchmarks/footprint.py). */
+#define COLD __attribute__((cold, noinline))
+#define APART __attribute__((noinline)) /* a path of its own kind of call: not interleaved with the others' */
+#define UNLIKELY(condition) __builtin_expect(!!(condition), 0)
+#else
+#define COLD
+#define APART
+#define UNLIKELY(condition) (condition)
+#endif
+
 static Py_ssize_t fold_at = 1024; /* set by configure() to stepwatch._constants.FOLD */
 
 static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
@@ -35,38 +48,6 @@ static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
 #include "_slots.c"
 
 #include "_frames.c"
-
-/* The child node named ``name`` of ``parent``, made by ``sw.tree.add_child`` if it is new: a new reference. */
-static PyObject *
-child_node(BlockObject *self, PyObject *parent)
-{
-    PyObject *children = slot_get(parent, &slot_children);
-    if (children == NULL) {
-        return NULL;
-    }
-    PyObject *node;
-    if (PyDict_CheckExact(children)) {
-        node = PyDict_GetItemWithError(children, self->name);
-        Py_XINCREF(node);
-    }
-    else { /* a dropped node's children: every name is that node again */
-        node = PyObject_CallMethodOneArg(children, s_get, self->name);
-        if (node == Py_None) {
-            Py_CLEAR(node);
-        }
-    }
-    Py_DECREF(children);
-    if (node != NULL || PyErr_Occurred()) {
-        return node;
-    }
-    PyObject *tree = PyObject_GetAttr(self->sw, s_tree);
-    if (tree == NULL) {
-        return NULL;
-    }
-    node = PyObject_CallMethodObjArgs(tree, s_add_child, parent, self->name, NULL);
-    Py_DECREF(tree);
-    return node;
-}
 
 /* The block's stopwatch's stacks: a new reference (read from the stopwatch where the block holds none). In a real
  * step the stopwatch is out of the caches: reading its attribute costs about half a microsecond there. */
@@ -78,6 +59,24 @@ block_stacks(BlockObject *self)
         return self->stacks;
     }
     return PyObject_GetAttr(self->sw, s_stacks);
+}
+
+/* A block opened while not measuring: nothing, or (DROPPING) a dropped frame opened by ``stacks.track``. 0 or -1. */
+static COLD int
+enter_switched_off(BlockObject *self, PyObject *stacks)
+{
+    PyObject *measuring = slot_get(stacks, &slot_measuring); /* read again: it may have changed since */
+    if (measuring == NULL) {
+        return -1;
+    }
+    int failed = 0;
+    if (measuring != Py_False) { /* DROPPING: the block opens a dropped frame */
+        PyObject *tracked = PyObject_CallMethodOneArg(stacks, s_track, (PyObject *)self);
+        failed = tracked == NULL;
+        Py_XDECREF(tracked);
+    }
+    Py_DECREF(measuring);
+    return failed ? -1 : 0;
 }
 
 static PyObject *
@@ -119,18 +118,8 @@ block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
             goto done;
         }
     }
-    else {
-        Py_SETREF(measuring, slot_get(stacks, &slot_measuring)); /* read again: it may have changed since */
-        if (measuring == NULL) {
-            goto done;
-        }
-        if (measuring != Py_False) { /* DROPPING: the block opens a dropped frame */
-            PyObject *tracked = PyObject_CallMethodOneArg(stacks, s_track, (PyObject *)self);
-            if (tracked == NULL) {
-                goto done;
-            }
-            Py_DECREF(tracked);
-        }
+    else if (enter_switched_off(self, stacks) < 0) {
+        goto done;
     }
     result = Py_None;
     Py_INCREF(result);
@@ -144,13 +133,28 @@ done:
     return result;
 }
 
+static COLD PyObject *
+wrong_exit_arguments(Py_ssize_t nargs)
+{
+    PyErr_Format(PyExc_TypeError, "__exit__ expected 3 arguments, got %zd", nargs);
+    return NULL;
+}
+
+/* A block closed out of order (its frame not on top): ``stacks.unwind(stack, block)``. 0, or -1. */
+static COLD int
+unwind_to(PyObject *stacks, PyObject *stack, BlockObject *self)
+{
+    PyObject *unwound = PyObject_CallMethodObjArgs(stacks, s_unwind, stack, (PyObject *)self, NULL);
+    Py_XDECREF(unwound);
+    return unwound == NULL ? -1 : 0;
+}
+
 static PyObject *
 block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args; /* the exception, if any, is left to propagate: nothing here depends on it */
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "__exit__ expected 3 arguments, got %zd", nargs);
-        return NULL;
+    if (UNLIKELY(nargs != 3)) {
+        return wrong_exit_arguments(nargs);
     }
     PyObject *stacks = block_stacks(self);
     if (stacks == NULL) {
@@ -194,12 +198,8 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             }
         }
-        else {
-            PyObject *unwound = PyObject_CallMethodObjArgs(stacks, s_unwind, stack, (PyObject *)self, NULL);
-            if (unwound == NULL) {
-                goto done;
-            }
-            Py_DECREF(unwound);
+        else if (unwind_to(stacks, stack, self) < 0) {
+            goto done;
         }
     }
     result = Py_None;
