@@ -373,7 +373,7 @@ auto_calls_ready(PyObject *module)
         PyObject **slot;
         const char *text;
     } names[] = {
-        {&s_session, "session"}, {&s_training, "training"}, {&s_outer, "outer"}, {&s_by_name, "_by_name"},
+        {&s_session, "session"}, {&s_training, "training"}, {&s_by_name, "_by_name"},
         {&s_backward, "backward"}, {&s_zero_grad, "zero_grad"}, {&s_enter, "__enter__"}, {&s_exit, "__exit__"},
         {&s_forward_stage, "forward"}, {&s_loss_stage, "loss"}, {&s_optimizers, "optimizers"},
         {&s_name, "__name__"}, {&s_optimizer, "optimizer"},

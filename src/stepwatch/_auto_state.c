@@ -108,7 +108,7 @@ static PyTypeObject AutoStateType = {
     .tp_dealloc = (destructor)auto_state_dealloc,
 };
 
-static PyObject *s_session, *s_optimizers, *s_name, *s_optimizer, *s_training, *s_outer, *s_by_name, *s_backward, *s_zero_grad, *s_enter, *s_exit,
+static PyObject *s_session, *s_optimizers, *s_name, *s_optimizer, *s_training, *s_by_name, *s_backward, *s_zero_grad, *s_enter, *s_exit,
     *s_forward_stage, *s_loss_stage;
 
 /* 1: the session's loop runs on this thread and no auto block is open (``not busy and loop_thread ==
