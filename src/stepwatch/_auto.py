@@ -71,7 +71,7 @@ class AutoSession(AutoState):  # type: ignore[misc]
         self.found = WhatAutoFound()
         self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
         self.loop_depth = 0
-        self.steps_to_next_check = self.module_calls.steps_to_next_check  # counted down by the loop's steps
+        self.steps_to_next_check = 1  # counted down by the loop's steps to the next check_module_calls()
         self.instrumented: weakref.WeakSet[Any] = weakref.WeakSet()  # the DataLoaders watched, to undo
         self.busy = 0  # auto blocks open (nested patched calls are plain)
         self.open_blocks: list[Block] = []  # optimizer blocks opened by the pre-step hook
@@ -232,9 +232,7 @@ class AutoSession(AutoState):  # type: ignore[misc]
     def check_module_calls(self) -> None:
         """A step of the loop being broken down ended and :attr:`steps_to_next_check` fell to 0: every step
         while learning the outermost module classes, every ``RELEARN_EVERY`` steps once narrowed."""
-        calls = self.module_calls
-        calls.step_ended()
-        self.steps_to_next_check = calls.steps_to_next_check
+        self.steps_to_next_check = self.module_calls.step_ended()
 
     def _end_driven(self) -> None:
         self.end_evaluation()
@@ -254,8 +252,7 @@ class AutoSession(AutoState):  # type: ignore[misc]
         kind = self._guess(site, nested)
         if self.loop_thread in (None, here) and (not nested or site not in self.sites):
             # a loop starting anew (an epoch, a validation loop): its steps may call other modules
-            self.module_calls.loop_started()
-            self.steps_to_next_check = self.module_calls.steps_to_next_check
+            self.steps_to_next_check = self.module_calls.loop_started()
         if kind == "train" and self.driven is not None and self.driven.thread == here:
             self._end_driven()  # a DataLoader training loop takes over the steps
         if self.loop_thread is None:

@@ -37,7 +37,6 @@ class ModuleCalls:
         self._torch: Any = None
         self._learning = LEARNING_STEPS
         self._new = False
-        self.steps_to_next_check = 1  # the loop calls step_ended() when this falls to 0: once narrowed, rarely
 
     def install(self, torch: Any) -> None:
         from ._patches import wrap_module_call
@@ -51,29 +50,32 @@ class ModuleCalls:
             self.outer[cls] = None
             self._new = True
 
-    def loop_started(self) -> None:
-        """A DataLoader loop starts: learn again for its first steps."""
+    def loop_started(self) -> int:
+        """A DataLoader loop starts: learn again for its first steps. Returns the number of steps after which
+        :meth:`step_ended` is next due (the loop counts them down; it keeps the only countdown)."""
         self._widen(LEARNING_STEPS)
+        return 1
 
-    def step_ended(self) -> None:
-        """A step of the loop being broken down ended: learnt enough, or time to learn again. The loop calls
-        it when :attr:`steps_to_next_check` (which it counts down) reaches 0: every step while learning,
-        every :data:`RELEARN_EVERY` steps once narrowed."""
-        self.steps_to_next_check = 1
+    def step_ended(self) -> int:
+        """A step of the loop being broken down ended, and the countdown this returned last fell to 0: learnt
+        enough, or time to learn again. Returns the next countdown: a step while learning, :data:`RELEARN_EVERY`
+        once narrowed."""
         if self.narrowed:
             self._widen(1)
-            return
+            return 1
         self._learning = max(self._learning - 1, 1 if self._new else 0)
         self._new = False
-        if self._learning == 0:
-            self._narrow()
+        if self._learning == 0 and self._narrow():
+            return RELEARN_EVERY
+        return 1
 
-    def _narrow(self) -> None:
+    def _narrow(self) -> bool:
+        """Moves the wrapper from nn.Module onto the outermost classes; False where it stays general."""
         from ._patches import wrap_module_call, wrap_outer_module_call
 
         torch = self._torch
         if torch is None or len(self.outer) >= _MAX_CLASSES:
-            return  # a program of that many outermost classes stays on the general wrapper
+            return False  # a program of that many outermost classes stays on the general wrapper
         module = torch.nn.Module
         self._patches.restore(module, "__call__")
         try:
@@ -83,13 +85,14 @@ class ModuleCalls:
         except (TypeError, AttributeError) as error:  # a class that takes no attribute: back to the general one
             logger.debug("stepwatch: module calls stay wrapped on nn.Module: %s", error)
             self._patches.replace(module, "__call__", wrap_module_call)
-            return
-        self.narrowed, self.steps_to_next_check = True, RELEARN_EVERY
+            return False
+        self.narrowed = True
+        return True
 
     def _widen(self, steps: int) -> None:
         from ._patches import wrap_module_call
 
-        self._learning, self._new, self.steps_to_next_check = steps, False, 1
+        self._learning, self._new = steps, False
         if self.narrowed and self._torch is not None:
             self._patches.replace(self._torch.nn.Module, "__call__", wrap_module_call)
             self.narrowed = False
