@@ -68,6 +68,10 @@ class AutoSession(AutoState):  # type: ignore[misc]
         self.patches = _patches.Patches()
         self.module_calls = ModuleCalls(self.patches)
         self.outer_classes = self.module_calls.outer  # read by the C wrappers without the attribute lookups
+        # the stopwatch's compiled timed() and count() (None where not compiled): the C wrappers and loop read the
+        # blocks by name, stacks and tree these keep (re-pointed with the stopwatch's state) without lookups
+        self.kept_lookup = stopwatch._blocks.lookup
+        self.kept_counter = stopwatch._blocks.count
         self.found = WhatAutoFound()
         self.loop_thread: int | None = None  # the thread whose loop's steps are broken down
         self.loop_depth = 0

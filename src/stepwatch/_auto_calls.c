@@ -167,7 +167,7 @@ pre_step(AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
             Py_XSETREF(session->optimizer_type, Py_NewRef(cls));
         }
     }
-    PyObject *block = known != 1 ? NULL : existing_block(session->sw, s_optimizer);
+    PyObject *block = known != 1 ? NULL : existing_block(session, s_optimizer);
     int on = block == NULL ? 0 : block_measuring(block, session->sw);
     if (on != 1) {
         Py_XDECREF(block);
@@ -249,7 +249,7 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
     }
     if (free_here) {
         stage = common_stage(self, session, args, PyVectorcall_NARGS(nargsf));
-        block = stage == NULL ? NULL : existing_block(session->sw, stage);
+        block = stage == NULL ? NULL : existing_block(session, stage);
         int on = block == NULL ? 0 : block_measuring(block, session->sw);
         if (on != 1) {
             Py_CLEAR(block); /* not measuring: the Python wrapper's case */

@@ -21,6 +21,8 @@ typedef struct {
     PyObject *open_blocks;    /* the optimizer blocks opened by the pre-step hook (a list) */
     PyObject *driven;         /* the loop of optimizer steps without a DataLoader, or None */
     PyObject *outer_classes;  /* ``module_calls.outer`` (a dict, never rebound): the classes of outermost calls */
+    PyObject *kept_lookup;    /* ``sw._blocks.lookup``: its compiled timed(), keeping the blocks by name, or None */
+    PyObject *kept_counter;   /* ``sw._blocks.count``: its compiled count(), keeping the stacks and tree, or None */
     PyObject *found_known;    /* the ``found`` whose flags below were seen set (not exposed to Python) */
     PyObject *optimizer_type; /* an optimizer class ``found_known`` has among its optimizers (not exposed) */
     int found_flags;          /* FOUND_BACKWARD, FOUND_ZERO_GRAD: seen True on ``found_known`` (they never turn back) */
@@ -43,6 +45,8 @@ static PyMemberDef auto_state_members[] = {
     {"open_blocks", T_OBJECT, offsetof(AutoStateObject, open_blocks), 0, NULL},
     {"driven", T_OBJECT, offsetof(AutoStateObject, driven), 0, NULL},
     {"outer_classes", T_OBJECT, offsetof(AutoStateObject, outer_classes), 0, NULL},
+    {"kept_lookup", T_OBJECT, offsetof(AutoStateObject, kept_lookup), 0, NULL},
+    {"kept_counter", T_OBJECT, offsetof(AutoStateObject, kept_counter), 0, NULL},
     {"busy", T_PYSSIZET, offsetof(AutoStateObject, busy), 0, NULL},
     {"loop_depth", T_PYSSIZET, offsetof(AutoStateObject, loop_depth), 0, NULL},
     {"steps_to_next_check", T_PYSSIZET, offsetof(AutoStateObject, steps_to_next_check), 0, NULL},
@@ -65,6 +69,8 @@ auto_state_traverse(AutoStateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->open_blocks);
     Py_VISIT(self->driven);
     Py_VISIT(self->outer_classes);
+    Py_VISIT(self->kept_lookup);
+    Py_VISIT(self->kept_counter);
     Py_VISIT(self->found_known);
     Py_VISIT(self->optimizer_type);
     return 0;
@@ -83,6 +89,8 @@ auto_state_clear(AutoStateObject *self)
     Py_CLEAR(self->open_blocks);
     Py_CLEAR(self->driven);
     Py_CLEAR(self->outer_classes);
+    Py_CLEAR(self->kept_lookup);
+    Py_CLEAR(self->kept_counter);
     Py_CLEAR(self->found_known);
     Py_CLEAR(self->optimizer_type);
     return 0;
@@ -194,11 +202,14 @@ measuring(PyObject *sw)
 }
 
 /* The stopwatch's block for ``stage`` (``sw._by_name[stage]``): a new reference; NULL where none was made yet
- * (``timed()`` makes it, in the Python wrapper), with an exception set only on an error. */
+ * (``timed()`` makes it, in the Python wrapper), with an exception set only on an error. The blocks by name are
+ * those its compiled ``timed()`` keeps (re-pointed with its state), read without an attribute lookup. */
 static PyObject *
-existing_block(PyObject *sw, PyObject *stage)
+existing_block(AutoStateObject *session, PyObject *stage)
 {
-    PyObject *by_name = PyObject_GetAttr(sw, s_by_name);
+    PyObject *timed = session->kept_lookup;
+    PyObject *by_name = timed != NULL && Py_IS_TYPE(timed, &LookupType) ? Py_NewRef(((LookupObject *)timed)->by_name)
+                                                                       : PyObject_GetAttr(session->sw, s_by_name);
     PyObject *block = by_name == NULL || !PyDict_CheckExact(by_name) ? NULL : PyDict_GetItemWithError(by_name, stage);
     Py_XINCREF(block);
     Py_XDECREF(by_name);

@@ -1,5 +1,5 @@
-/* auto()'s loop over a DataLoader's watched batches in C (included by _speedups.c after _counts.c, whose
- * add_samples it calls; stepwatch/_auto_steps.py has the same in Python, ``python_steps``, what runs where this
+/* auto()'s loop over a DataLoader's watched batches in C (included by _speedups.c after _counter.c, whose
+ * count_samples it calls; stepwatch/_auto_steps.py has the same in Python, ``python_steps``, what runs where this
  * was not built).
  *
  * ``AutoSteps(session, begin, end, counted, batch_size)`` is an iterator: its first next() calls ``begin()``
@@ -141,8 +141,7 @@ before_step(AutoStepsObject *self, PyObject *batch)
     }
     counts = PyObject_IsTrue(size);
     if (counts > 0) {
-        PyObject *args[2] = {self->counted, size};
-        PyObject *added = add_samples(NULL, args, 2);
+        PyObject *added = count_samples(self->counted, self->counted == session->sw ? session->kept_counter : NULL, size);
         counts = added == NULL ? -1 : 0;
         Py_XDECREF(added);
     }

@@ -40,6 +40,28 @@ counter_call(CounterObject *self, PyObject *const *args, size_t nargsf, PyObject
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
 }
 
+static PyTypeObject CounterType;
+
+/* auto()'s count of a batch's samples on ``sw``: with the stacks and tree that ``count``, the stopwatch's compiled
+ * count(), keeps (re-pointed with its state), where it is one; as ``add_samples(sw, size)`` otherwise. */
+static PyObject *
+count_samples(PyObject *sw, PyObject *count, PyObject *size)
+{
+    if (count == NULL || !Py_IS_TYPE(count, &CounterType)) {
+        PyObject *args[2] = {sw, size};
+        return add_samples(NULL, args, 2);
+    }
+    if (!counts_configured()) {
+        return NULL;
+    }
+    CounterObject *counter = (CounterObject *)count;
+    PyObject *stacks = Py_NewRef(counter->stacks), *tree = Py_NewRef(counter->tree); /* (held: a count may re-point) */
+    PyObject *result = samples_counted(sw, stacks, tree, size);
+    Py_DECREF(tree);
+    Py_DECREF(stacks);
+    return result;
+}
+
 static PyObject *
 counter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {

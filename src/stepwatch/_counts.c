@@ -214,26 +214,48 @@ count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *
     return done == 0 && PyErr_Occurred() ? -1 : done;
 }
 
-/* add_samples(sw, size): ``count(samples=size)`` for auto()'s loop, ``size`` a positive int. */
+/* ``count(samples=size)`` on ``sw``, whose stacks and tree are given (NULL: an error already raised); None. */
 static PyObject *
-add_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+samples_counted(PyObject *sw, PyObject *stacks, PyObject *tree, PyObject *size)
 {
-    if (nargs != 2 || counts_fallback == NULL) {
-        PyErr_SetString(PyExc_TypeError, "add_samples(sw, size), after configure_counts()");
-        return NULL;
-    }
-    PyObject *tree = PyObject_GetAttr(args[0], s_tree);
-    PyObject *stacks = tree != NULL ? PyObject_GetAttr(args[0], s_stacks) : NULL;
-    int done = stacks != NULL ? count_units(stacks, tree, &s_samples, &args[1], 1) : -1;
-    Py_XDECREF(stacks);
-    Py_XDECREF(tree);
+    int done = stacks != NULL && tree != NULL ? count_units(stacks, tree, &s_samples, &size, 1) : -1;
     if (done == 1) {
         Py_RETURN_NONE;
     }
     if (done < 0) {
         return NULL;
     }
+    PyObject *args[2] = {sw, size};
     return PyObject_Vectorcall(counts_fallback, args, 2, NULL); /* every other case, as it always was */
+}
+
+static int
+counts_configured(void)
+{
+    if (counts_fallback == NULL) {
+        PyErr_SetString(PyExc_TypeError, "add_samples(sw, size), after configure_counts()");
+        return 0;
+    }
+    return 1;
+}
+
+/* add_samples(sw, size): ``count(samples=size)`` for auto()'s loop, ``size`` a positive int. */
+static PyObject *
+add_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "add_samples(sw, size), after configure_counts()");
+        return NULL;
+    }
+    if (!counts_configured()) {
+        return NULL;
+    }
+    PyObject *tree = PyObject_GetAttr(args[0], s_tree);
+    PyObject *stacks = tree != NULL ? PyObject_GetAttr(args[0], s_stacks) : NULL;
+    PyObject *result = samples_counted(args[0], stacks, tree, args[1]);
+    Py_XDECREF(stacks);
+    Py_XDECREF(tree);
+    return result;
 }
 
 /* Interns the attribute names above; 0, or -1 with an exception. */

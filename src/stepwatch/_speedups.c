@@ -274,13 +274,13 @@ static PyTypeObject BlockBaseType = {
     .tp_members = block_members,
 };
 
+#include "_lookup.c"
+#include "_counts.c"
+#include "_counter.c"
 #include "_auto_state.c"
 #include "_auto_calls.c"
-#include "_counts.c"
 #include "_auto_steps.c"
-#include "_counter.c"
 #include "_boundary.c"
-#include "_lookup.c"
 #include "_reads.c"
 #include "_fold.c"
 
