@@ -364,6 +364,30 @@ def test_calls_from_other_threads_are_not_stages_of_the_step(auto: None) -> None
     assert stepwatch.summary().phases["train"].stages["step/forward"].calls == 2
 
 
+def test_calls_from_another_thread_once_narrowed_are_plain_and_the_loop_goes_on(auto: None) -> None:
+    """Once the model's class is narrowed (its compiled wrapper where built, which compares the loop's thread
+    with the caller's), another thread's forward and backward are no stages, and the loop's own steps are
+    still broken down after it, in the next epoch too (whose loop sets its thread again)."""
+    steps_seen = []
+
+    def body(model_: nn.Module, x: torch.Tensor) -> None:
+        steps_seen.append(None)
+        if len(steps_seen) == 6:  # narrowed by now (LEARNING_STEPS = 2)
+            work = lambda: [model_(torch.randn(2, 4)).sum().backward() for _ in range(5)]  # noqa: E731
+            other = threading.Thread(target=work)
+            other.start()
+            other.join()
+
+    train(epochs=2, batches=8, body=body)
+    train_phase = stepwatch.summary().phases["train"]
+    assert train_phase.steps == 14  # two epochs of 8, each one's first step apart
+    for stage in ("forward", "loss", "backward", "optimizer"):
+        assert train_phase.stages[f"step/{stage}"].calls == train_phase.steps, stage
+    # nothing of the other thread's: timed there, its calls would be the phase's top-level forward and backward
+    tops = {name.split("/")[0] for name in train_phase.stages}
+    assert tops == {"loader", "step", "first_batch", "first_step"}, tops
+
+
 def test_host_to_device_copies_outside_forward_are_h2d(auto: None) -> None:
     """CPU-only here: the meta device stands in for an accelerator (a real one is in scripts/gpu_check.py)."""
     session = _patches.session

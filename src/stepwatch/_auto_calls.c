@@ -190,10 +190,9 @@ pre_step(AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
 static APART int
 post_step(AutoStateObject *session)
 {
-    if (session->loop_thread == NULL || !PyLong_CheckExact(session->loop_thread) ||
-        PyLong_AsUnsignedLong(session->loop_thread) != PyThread_get_thread_ident() ||
-        session->evaluation != Py_None || session->driven != Py_None || session->open_blocks == NULL ||
-        !PyList_CheckExact(session->open_blocks) || PyList_GET_SIZE(session->open_blocks) == 0) {
+    if (!on_loop_thread(session) || session->evaluation != Py_None || session->driven != Py_None ||
+        session->open_blocks == NULL || !PyList_CheckExact(session->open_blocks) ||
+        PyList_GET_SIZE(session->open_blocks) == 0) {
         PyErr_Clear();
         return 0;
     }

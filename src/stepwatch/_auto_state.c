@@ -23,6 +23,8 @@ typedef struct {
     PyObject *outer_classes;  /* ``module_calls.outer`` (a dict, never rebound): the classes of outermost calls */
     PyObject *kept_lookup;    /* ``sw._blocks.lookup``: its compiled timed(), keeping the blocks by name, or None */
     PyObject *kept_counter;   /* ``sw._blocks.count``: its compiled count(), keeping the stacks and tree, or None */
+    PyObject *ident_source;   /* the ``loop_thread`` int last converted to ``loop_ident`` (not exposed) */
+    unsigned long loop_ident; /* its value: the loop's thread, compared without reading the int each call */
     PyObject *found_known;    /* the ``found`` whose flags below were seen set (not exposed to Python) */
     PyObject *optimizer_type; /* an optimizer class ``found_known`` has among its optimizers (not exposed) */
     int found_flags;          /* FOUND_BACKWARD, FOUND_ZERO_GRAD: seen True on ``found_known`` (they never turn back) */
@@ -71,6 +73,7 @@ auto_state_traverse(AutoStateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->outer_classes);
     Py_VISIT(self->kept_lookup);
     Py_VISIT(self->kept_counter);
+    Py_VISIT(self->ident_source);
     Py_VISIT(self->found_known);
     Py_VISIT(self->optimizer_type);
     return 0;
@@ -91,6 +94,7 @@ auto_state_clear(AutoStateObject *self)
     Py_CLEAR(self->outer_classes);
     Py_CLEAR(self->kept_lookup);
     Py_CLEAR(self->kept_counter);
+    Py_CLEAR(self->ident_source);
     Py_CLEAR(self->found_known);
     Py_CLEAR(self->optimizer_type);
     return 0;
@@ -119,20 +123,40 @@ static PyTypeObject AutoStateType = {
 static PyObject *s_session, *s_optimizers, *s_name, *s_optimizer, *s_training, *s_by_name, *s_backward, *s_zero_grad, *s_enter, *s_exit,
     *s_forward_stage, *s_loss_stage;
 
+/* ``loop_thread`` (not the int last converted) converted to ``loop_ident``: 1, or 0 where it is no thread's. */
+static COLD int
+convert_loop_thread(AutoStateObject *session)
+{
+    PyObject *thread = session->loop_thread;
+    if (thread == NULL || !PyLong_CheckExact(thread)) {
+        return 0;
+    }
+    unsigned long ident = PyLong_AsUnsignedLong(thread);
+    if (ident == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* an identity that is no unsigned long is no thread's */
+        return 0;
+    }
+    session->loop_ident = ident;
+    Py_XSETREF(session->ident_source, Py_NewRef(thread)); /* held: no other int can take its address */
+    return 1;
+}
+
+/* 1: the session's loop runs on this thread (``loop_thread == get_ident()``); 0: not. */
+static int
+on_loop_thread(AutoStateObject *session)
+{
+    if (UNLIKELY(session->loop_thread != session->ident_source) && !convert_loop_thread(session)) {
+        return 0;
+    }
+    return session->loop_ident == PyThread_get_thread_ident();
+}
+
 /* 1: the session's loop runs on this thread and no auto block is open (``not busy and loop_thread ==
  * get_ident()``); 0: not. */
 static int
 free_on_this_thread(AutoStateObject *session)
 {
-    if (session->busy || session->loop_thread == NULL || !PyLong_CheckExact(session->loop_thread)) {
-        return 0;
-    }
-    unsigned long ident = PyLong_AsUnsignedLong(session->loop_thread);
-    if (ident == (unsigned long)-1 && PyErr_Occurred()) {
-        PyErr_Clear(); /* an identity that is no unsigned long is no thread's */
-        return 0;
-    }
-    return ident == PyThread_get_thread_ident();
+    return !session->busy && on_loop_thread(session);
 }
 
 /* Whether a call of a no-argument function returns true: 1, 0, or -1. */

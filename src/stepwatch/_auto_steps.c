@@ -141,7 +141,8 @@ before_step(AutoStepsObject *self, PyObject *batch)
     }
     counts = PyObject_IsTrue(size);
     if (counts > 0) {
-        PyObject *added = count_samples(self->counted, self->counted == session->sw ? session->kept_counter : NULL, size);
+        PyObject *counter = self->counted == session->sw ? session->kept_counter : NULL;
+        PyObject *added = count_samples(self->counted, counter, size);
         counts = added == NULL ? -1 : 0;
         Py_XDECREF(added);
     }
