@@ -193,7 +193,6 @@ post_step(AutoStateObject *session)
     if (!on_loop_thread(session) || session->evaluation != Py_None || session->driven != Py_None ||
         session->open_blocks == NULL || !PyList_CheckExact(session->open_blocks) ||
         PyList_GET_SIZE(session->open_blocks) == 0) {
-        PyErr_Clear();
         return 0;
     }
     Py_ssize_t last = PyList_GET_SIZE(session->open_blocks) - 1;
