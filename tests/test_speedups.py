@@ -141,6 +141,92 @@ def test_the_compiled_blocks_record_what_the_python_ones_do() -> None:
     assert "('step/a/b', 5)" in here.stdout and "('step/c', 5)" in here.stdout
 
 
+def test_the_blocks_common_case_and_every_case_it_hands_on_record_what_the_python_ones_do() -> None:
+    """The compiled block's compact common case hands each other case, before writing anything, to the general
+    one: a stage's buffer filling up (a fold, at every FOLD-th exit), a new thread, a new child, a block left open
+    by the one closed after it, a stage's buffer that is a list subclass. In C and in the Python twin: the same
+    calls, totals no longer than the run, drops the same."""
+    program = (
+        "import threading, time\n"
+        "import stepwatch\n"
+        "from stepwatch._constants import FOLD\n"
+        "sw = stepwatch.Stopwatch()\n"
+        "sw.enable()\n"
+        "began = time.perf_counter_ns()\n"
+        "for i in sw.timed_iter(range(FOLD + 3)):\n"
+        "    with sw.timed('a'):\n"
+        "        with sw.timed('b' if i % 7 else 'c'):\n"
+        "            pass\n"
+        "    if i == 5:\n"
+        "        class Listed(list):\n"
+        "            pass\n"
+        "        sw.tree.phases['train'].root.children['step'].children['a'].buf = Listed()\n"
+        "    if i % 100 == 0:\n"
+        "        outer, inner = sw.timed('d'), sw.timed('e')\n"
+        "        outer.__enter__(); inner.__enter__(); outer.__exit__(None, None, None)\n"
+        "        inner.__exit__(None, None, None)\n"
+        "        worker = threading.Thread(target=lambda: sw.timed('t').__enter__() or sw.timed('t').__exit__(\n"
+        "            None, None, None))\n"
+        "        worker.start(); worker.join()\n"
+        "run_ns = time.perf_counter_ns() - began\n"
+        "s = sw.summary()\n"
+        "stages = s.phases['train'].stages\n"
+        "print(sorted((p, st.calls) for p, st in stages.items() if not p.endswith('other')))\n"
+        "print(sw.span.dropped_blocks)\n"
+        "assert all(0 <= st.total_ns <= run_ns for st in stages.values()), 'a total longer than the run'\n"
+    )
+    here = run([sys.executable, "-c", program])
+    pure = run([sys.executable, "-c", program], env={**os.environ, "STEPWATCH_PURE_PYTHON": "1"})
+    assert here.returncode == 0 and pure.returncode == 0, here.stderr + pure.stderr
+    assert here.stdout == pure.stdout
+    # (the 5 steps' entries in step/a's buffer when it was replaced are not counted, in either)
+    assert "('step/a', 1021)" in here.stdout and "('step/a/b', 880)" in here.stdout, here.stdout
+    assert "('step/a/c', 146)" in here.stdout and "('t', 11)" in here.stdout, here.stdout
+    assert here.stdout.splitlines()[-1] == "22"  # d and e, closed out of order, each of the 11 times
+
+
+def test_a_finalizer_that_times_a_block_inside_a_blocks_entry_leaves_the_stack_whole() -> None:
+    """Opening a block allocates its frame, and an allocation may collect garbage, whose finalizers run Python
+    code: here each collection's finalizer opens and closes blocks of its own (the thread's stack reallocated
+    deeper) inside the entry that is allocating. The compact entry holds the stack and the node across the
+    allocation and pushes onto the stack as it is then: every block recorded under its parent, nothing dropped,
+    the stack back to its root."""
+    import gc
+
+    sw = Stopwatch()
+    sw.enable()
+
+    class TimesWhenCollected:
+        def __init__(self) -> None:
+            self.cycle = self
+
+        def __del__(self) -> None:
+            with sw.timed("finalizer"):
+                for _ in range(40):  # a deeper stack than the list had room for, then back
+                    sw.timed("deep").__enter__()
+                for _ in range(40):
+                    sw.timed("deep").__exit__(None, None, None)
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)  # every allocation of a tracked object collects: the frame's too
+    try:
+        for _ in range(30):
+            TimesWhenCollected()
+            with sw.timed("outer"):
+                TimesWhenCollected()
+                with sw.timed("inner"):
+                    pass
+    finally:
+        gc.set_threshold(*threshold)
+    gc.collect()
+    assert sw.stacks.thread_stack() == [sw.stacks.thread_stack()[0]]  # only the root frame left open
+    stages = sw.summary().phases["train"].stages
+    assert stages["outer"].calls == 30 and stages["outer/inner"].calls == 30
+    finalized = sum(st.calls for path, st in stages.items() if path.endswith("finalizer"))
+    assert finalized == 60
+    assert sw.span.dropped_blocks == 0
+
+
 def test_a_thread_never_finds_the_stack_of_an_ended_thread_with_its_identity() -> None:
     """The compiled block caches the last thread's stack; a thread that ended inside a block leaves its stack
     there, and a new thread (often given the ended one's identity) must get a stack of its own."""

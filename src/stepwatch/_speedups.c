@@ -79,8 +79,9 @@ enter_switched_off(BlockObject *self, PyObject *stacks)
     return failed ? -1 : 0;
 }
 
-static PyObject *
-block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
+/* ``__enter__``, every case (block_enter, _block_fast.c, hands it what is not the common case). */
+static COLD PyObject *
+block_enter_general(BlockObject *self)
 {
     PyObject *stacks = block_stacks(self);
     if (stacks == NULL) {
@@ -149,8 +150,10 @@ unwind_to(PyObject *stacks, PyObject *stack, BlockObject *self)
     return unwound == NULL ? -1 : 0;
 }
 
-static PyObject *
-block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* ``__exit__``, every case (block_exit, _block_fast.c, hands it what is not the common case): ``end_read`` is the
+ * default clock's reading where the caller has taken it (measuring), NULL where the clock is still to be read. */
+static COLD PyObject *
+block_exit_general(BlockObject *self, PyObject *const *args, Py_ssize_t nargs, const long long *end_read)
 {
     (void)args; /* the exception, if any, is left to propagate: nothing here depends on it */
     if (UNLIKELY(nargs != 3)) {
@@ -173,7 +176,13 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if (is_hot) {
-        raw = read_clock_raw(self->clock, &end_ns); /* the default clock: no Python int for the end */
+        if (end_read != NULL) {
+            raw = 1;
+            end_ns = *end_read;
+        }
+        else {
+            raw = read_clock_raw(self->clock, &end_ns); /* the default clock: no Python int for the end */
+        }
         if ((!raw && (end = PyObject_CallNoArgs(self->clock)) == NULL) || (stack = thread_stack(stacks)) == NULL) {
             goto done;
         }
@@ -215,6 +224,8 @@ done:
     Py_DECREF(stacks);
     return result;
 }
+
+#include "_block_fast.c"
 
 static int
 block_traverse(BlockObject *self, visitproc visit, void *arg)

@@ -1,0 +1,147 @@
+/* A timed block's ``__enter__`` and ``__exit__`` in their common case, compact (included by _speedups.c, after
+ * the general ``block_enter_general`` and ``block_exit_general`` they hand everything else to).
+ *
+ * In a real step each block's code is fetched cold: the model's work between two stages evicts it. The general
+ * functions, with every case inlined, are 672 and 1,290 bytes, which the block fetched whole at each call
+ * (benchmarks/footprint.py). Here the common case (measuring, the default clock, the thread's stack the one
+ * cached, the frame on top this block's, its stage's buffer a plain list with room) makes the same reads and
+ * writes in the same order, with borrowed references and no calls but the clock, the int conversions, the
+ * dictionary read and the tuple; the first condition that does not hold hands the call, before anything was
+ * written, to the general function, which reads everything again (but the clock: an exit's end is the one read
+ * here, so that a fold or an unwind does not lengthen the block it closes).
+ */
+
+/* ``obj.<slot>`` read in place, borrowed (NULL where not set): the caller has checked ``obj``'s type. */
+#define SLOT_IN_PLACE(obj, slot) (*(PyObject **)((char *)(obj) + (slot).offset))
+
+/* This thread's stack when ``thread_stack`` has it cached for ``stacks``' local (borrowed), or NULL (no error):
+ * ``stacks`` is a ThreadStacks. */
+static inline PyObject *
+cached_thread_stack(PyObject *stacks)
+{
+    PyObject *local = SLOT_IN_PLACE(stacks, slot_local);
+    if (local == NULL || local != cached_local) {
+        return NULL;
+    }
+    PyObject *thread = PyThreadState_GetDict(); /* borrowed; NULL without an exception */
+    return thread != NULL && thread == cached_thread ? cached_stack : NULL;
+}
+
+/* ``list.append(item)`` where the list has room (checked by the caller): the reference to ``item`` is taken. */
+static inline void
+append_with_room(PyObject *list, PyObject *item)
+{
+    Py_ssize_t size = PyList_GET_SIZE(list);
+    PyList_SET_ITEM(list, size, item);
+    Py_SET_SIZE(list, size + 1);
+}
+
+static inline int
+has_room(PyObject *list)
+{
+    return PyList_CheckExact(list) && PyList_GET_SIZE(list) < ((PyListObject *)list)->allocated;
+}
+
+static PyObject *
+block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *stacks = self->stacks;
+    if (stacks == NULL || Py_TYPE(stacks) != slot_measuring.type) {
+        return block_enter_general(self);
+    }
+    PyObject *measuring = SLOT_IN_PLACE(stacks, slot_measuring);
+    if (measuring == Py_False) {
+        Py_RETURN_NONE; /* switched off: nothing, as block_enter_general does */
+    }
+    PyObject *stack = measuring == Py_True ? cached_thread_stack(stacks) : NULL;
+    if (stack == NULL || !has_room(stack) || PyList_GET_SIZE(stack) == 0) {
+        return block_enter_general(self);
+    }
+    PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+    if (!PyTuple_CheckExact(top) || PyTuple_GET_SIZE(top) < 2) {
+        return block_enter_general(self);
+    }
+    PyObject *parent = PyTuple_GET_ITEM(top, 1);
+    PyObject *children = Py_TYPE(parent) == slot_children.type ? SLOT_IN_PLACE(parent, slot_children) : NULL;
+    if (children == NULL || !PyDict_CheckExact(children)) {
+        return block_enter_general(self);
+    }
+    PyObject *node = PyDict_GetItemWithError(children, self->name); /* borrowed */
+    long long now_ns;
+    if (node == NULL || !read_clock_raw(self->clock, &now_ns)) {
+        return PyErr_Occurred() ? NULL : block_enter_general(self); /* a new child, or another clock */
+    }
+    /* The tuple's allocation may collect garbage, and a finalizer run Python code: both are held across it. */
+    Py_INCREF(node);
+    Py_INCREF(stack);
+    PyObject *start = PyLong_FromLongLong(now_ns);
+    PyObject *frame = start == NULL ? NULL : PyTuple_New(3);
+    int failed = frame == NULL;
+    if (failed) {
+        Py_XDECREF(start);
+        Py_DECREF(node);
+    }
+    else {
+        Py_INCREF(self);
+        PyTuple_SET_ITEM(frame, 0, (PyObject *)self);
+        PyTuple_SET_ITEM(frame, 1, node);
+        PyTuple_SET_ITEM(frame, 2, start);
+        if (has_room(stack)) {
+            append_with_room(stack, frame);
+        }
+        else {
+            failed = PyList_Append(stack, frame) < 0;
+            Py_DECREF(frame);
+        }
+    }
+    Py_DECREF(stack);
+    if (failed) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *stacks = self->stacks;
+    if (UNLIKELY(nargs != 3) || stacks == NULL || Py_TYPE(stacks) != slot_hot.type) {
+        return block_exit_general(self, args, nargs, NULL);
+    }
+    PyObject *hot = SLOT_IN_PLACE(stacks, slot_hot);
+    if (hot == Py_False) {
+        Py_RETURN_NONE; /* not measuring: nothing to close, as block_exit_general does */
+    }
+    long long end_ns;
+    if (hot != Py_True || !read_clock_raw(self->clock, &end_ns)) {
+        return block_exit_general(self, args, nargs, NULL);
+    }
+    PyObject *stack = cached_thread_stack(stacks);
+    Py_ssize_t depth = stack == NULL || !PyList_CheckExact(stack) ? 0 : PyList_GET_SIZE(stack);
+    PyObject *frame = depth == 0 ? NULL : PyList_GET_ITEM(stack, depth - 1);
+    if (frame == NULL || !PyTuple_CheckExact(frame) || PyTuple_GET_SIZE(frame) != 3 ||
+        PyTuple_GET_ITEM(frame, 0) != (PyObject *)self) {
+        return block_exit_general(self, args, nargs, &end_ns); /* (a block closed out of order, say) */
+    }
+    PyObject *node = PyTuple_GET_ITEM(frame, 1), *start = PyTuple_GET_ITEM(frame, 2);
+    PyObject *buf = Py_TYPE(node) == slot_buf.type ? SLOT_IN_PLACE(node, slot_buf) : NULL;
+    if (buf == NULL || !has_room(buf) || PyList_GET_SIZE(buf) + 1 >= fold_at || !PyLong_CheckExact(start)) {
+        return block_exit_general(self, args, nargs, &end_ns);
+    }
+    int overflow;
+    long long first = PyLong_AsLongLongAndOverflow(start, &overflow);
+    if (overflow || (first >= 0) != (end_ns >= 0) || (first == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return block_exit_general(self, args, nargs, &end_ns);
+    }
+    Py_SET_SIZE(stack, depth - 1); /* ``del stack[-1]``: the stack's reference to the frame is now this one */
+    PyObject *elapsed = PyLong_FromLongLong(end_ns - first);
+    if (elapsed != NULL) {
+        append_with_room(buf, elapsed); /* the frame holds the node, and with it its buffer */
+    }
+    Py_DECREF(frame); /* last: freeing it may run Python code */
+    if (elapsed == NULL) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
