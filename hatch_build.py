@@ -48,7 +48,7 @@ def build_speedups(out_dir: Path) -> Path | None:
         return None
     linker, include = tools
     target = out_dir / module_name()
-    command = [*linker, "-O2", "-fPIC", "-I", include, str(SOURCE), "-o", str(target)]
+    command = [*linker, "-O2", "-DNDEBUG", "-fPIC", "-I", include, str(SOURCE), "-o", str(target)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     except OSError as error:
