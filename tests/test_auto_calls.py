@@ -59,6 +59,16 @@ for step, (x, y) in enumerate(loader):
         optimizer.step()
     except ValueError:
         pass
+    if step % 5 == 1:  # the model called in eval mode with grad, and its loss: an evaluation
+        model.eval()
+        criterion(model(x), y)
+        model.train()
+    if step % 5 == 2:  # the model called in training mode without grad: an evaluation
+        with torch.no_grad():
+            model(x)
+    if step % 5 == 3:  # the same in inference mode, grad enabled inside it
+        with torch.inference_mode(), torch.enable_grad():
+            model(x)
     if step % 4 == 3:  # an evaluation inside the step, in eval mode and without grad
         model.eval()
         with torch.no_grad():
@@ -107,7 +117,9 @@ def test_the_compiled_wrappers_record_what_the_python_ones_do() -> None:
     assert "('step', 18)" in train and "('step/forward', 18)" in train and "('step/loss', 17)" in train
     assert "('step/backward', 17)" in train and "('step/optimizer', 16)" in train
     assert compiled[-4].startswith("0 [] ")  # no auto block left open, none counted as open
-    assert "val 4 [('step', 4), ('step/forward', 4), ('step/other', 4)] {}" in compiled  # the evaluations
+    # the evaluations, a step per forward: 4 in eval mode without grad, 2 in eval mode with grad and a loss (step
+    # 6 raised before), 3 without grad and 3 in inference mode (grad enabled in it) in training mode
+    assert "val 12 [('step', 12), ('step/forward', 12), ('step/loss', 2), ('step/other', 12)] {}" in compiled
     assert train.endswith("{'samples': 120}")  # 15 measured batches of 8 (the first step's apart)
     assert compiled[-2] == "TRACED []"  # no timeline kept
 

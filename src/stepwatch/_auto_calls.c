@@ -57,49 +57,6 @@ common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *ar
     return stage;
 }
 
-/* ``callable(*args)`` inside ``block``, entered and exited as a ``with`` statement would (the exception, if any,
- * passed to ``__exit__``, suppressed where it says so). Also a batch's collate (_reads.c). */
-static PyObject *
-with_block(PyObject *block, PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    PyObject *entered = enter_block(block);
-    if (entered == NULL) {
-        return NULL;
-    }
-    Py_DECREF(entered);
-    PyObject *result = PyObject_Vectorcall(callable, args, nargsf, kwnames);
-    PyObject *exited;
-    if (result != NULL) {
-        exited = exit_block(block, Py_None, Py_None, Py_None);
-    }
-    else {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyErr_NormalizeException(&type, &value, &traceback);
-        if (traceback != NULL) {
-            PyException_SetTraceback(value, traceback);
-        }
-        exited = exit_block(block, type, value, traceback ? traceback : Py_None);
-        int suppress = exited == NULL ? 0 : PyObject_IsTrue(exited);
-        if (exited != NULL && suppress == 0) {
-            PyErr_Restore(type, value, traceback); /* the exception goes on */
-        }
-        else {
-            Py_XDECREF(type); /* __exit__ raised (its exception replaces it) or swallowed it */
-            Py_XDECREF(value);
-            Py_XDECREF(traceback);
-            if (suppress > 0) {
-                result = Py_NewRef(Py_None);
-            }
-        }
-    }
-    if (exited == NULL) {
-        Py_CLEAR(result);
-    }
-    Py_XDECREF(exited);
-    return result;
-}
-
 /* The original called inside ``block``, with ``busy`` raised around it. */
 static PyObject *
 call_in_block(AutoCallObject *self, AutoStateObject *session, PyObject *block, PyObject *const *args,
@@ -215,8 +172,10 @@ call_in_python(AutoCallObject *self, PyObject *callable, PyObject *const *args, 
     return PyObject_Vectorcall(callable == NULL ? self->fallback : callable, args, nargsf, kwnames);
 }
 
+/* Every case of a wrapped call (``auto_call_vectorcall``, _auto_fast.c, is the common one of a module call,
+ * ``backward`` and ``zero_grad``, and hands it the rest); the optimizer step's hooks. */
 static PyObject *
-auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+auto_call_general(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *current = PyDict_GetItemWithError(self->namespace, s_session); /* borrowed */
     if (current == NULL && PyErr_Occurred()) {
@@ -268,6 +227,8 @@ done:
     Py_DECREF(session);
     return result;
 }
+
+static PyObject *auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 static PyObject *
 auto_call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)

@@ -316,3 +316,54 @@ exit_block(PyObject *block, PyObject *type, PyObject *value, PyObject *traceback
     }
     return PyObject_CallMethodObjArgs(block, s_exit, type, value, traceback, NULL);
 }
+
+/* ``__exit__`` of ``block`` with the exception in flight (``callable`` raised inside it), as a ``with``
+ * statement calls it: the exception goes on (NULL), unless ``__exit__`` swallowed it (None) or raised its own. */
+static COLD PyObject *
+exit_raising(PyObject *block)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL) {
+        PyException_SetTraceback(value, traceback);
+    }
+    PyObject *exited = exit_block(block, type, value, traceback ? traceback : Py_None);
+    int suppress = exited == NULL ? 0 : PyObject_IsTrue(exited);
+    PyObject *result = NULL;
+    if (exited != NULL && suppress == 0) {
+        PyErr_Restore(type, value, traceback); /* the exception goes on */
+    }
+    else {
+        Py_XDECREF(type); /* __exit__ raised (its exception replaces it) or swallowed it */
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        if (suppress > 0) {
+            result = Py_NewRef(Py_None);
+        }
+    }
+    Py_XDECREF(exited);
+    return result;
+}
+
+/* ``callable(*args)`` inside ``block``, entered and exited as a ``with`` statement would (the exception, if any,
+ * passed to ``__exit__``, suppressed where it says so). Also a batch's collate (_reads.c). */
+static PyObject *
+with_block(PyObject *block, PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *entered = enter_block(block);
+    if (entered == NULL) {
+        return NULL;
+    }
+    Py_DECREF(entered);
+    PyObject *result = PyObject_Vectorcall(callable, args, nargsf, kwnames);
+    if (result == NULL) {
+        return exit_raising(block);
+    }
+    PyObject *exited = exit_block(block, Py_None, Py_None, Py_None);
+    if (exited == NULL) {
+        Py_CLEAR(result);
+    }
+    Py_XDECREF(exited);
+    return result;
+}

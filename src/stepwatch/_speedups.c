@@ -290,6 +290,7 @@ static PyTypeObject BlockBaseType = {
 #include "_counter.c"
 #include "_auto_state.c"
 #include "_auto_calls.c"
+#include "_auto_fast.c"
 #include "_auto_steps.c"
 #include "_boundary.c"
 #include "_reads.c"
