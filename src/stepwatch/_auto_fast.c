@@ -101,10 +101,8 @@ measuring_base_block(AutoStateObject *session, PyObject *stage)
     if (block == NULL) {
         return PyErr_Occurred() ? NULL : NOT_COMMON;
     }
-    PyTypeObject *type = Py_TYPE(block);
-    if (type != base_methods_type || !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ||
-        type->tp_version_tag != base_methods_version) {
-        return NOT_COMMON; /* (the general function finds a class running BlockBase's methods, and remembers it) */
+    if (!runs_base_methods(block)) {
+        return NOT_COMMON;
     }
     PyObject *stacks = ((BlockObject *)block)->stacks;
     if (stacks == NULL || Py_TYPE(stacks) != slot_measuring.type || SLOT_IN_PLACE(stacks, slot_measuring) != Py_True) {

@@ -271,17 +271,10 @@ block_measuring(PyObject *block, PyObject *sw)
 static PyTypeObject *base_methods_type = NULL; /* the last class found to run BlockBase's own methods */
 static unsigned int base_methods_version = 0;  /* its version tag then (a class changed since gets a new one) */
 
-/* Whether ``block``'s __enter__ and __exit__ are BlockBase's own, its class (``Block``, a Python subclass) not
- * overriding them: then they are called here directly, without looking them up on the class (a few cache lines
- * of the class and the interpreter's method cache, cold in a real step). 1 or 0. */
-static int
-runs_base_methods(PyObject *block)
+/* ``runs_base_methods``'s miss: the class looked up, and remembered where it runs BlockBase's own. 1 or 0. */
+static COLD int
+finds_base_methods(PyTypeObject *type)
 {
-    PyTypeObject *type = Py_TYPE(block);
-    if (type == base_methods_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-        type->tp_version_tag == base_methods_version) {
-        return 1;
-    }
     if (!PyType_IsSubtype(type, &BlockBaseType)) {
         return 0;
     }
@@ -294,6 +287,21 @@ runs_base_methods(PyObject *block)
     base_methods_type = type;
     base_methods_version = type->tp_version_tag;
     return 1;
+}
+
+/* Whether ``block``'s __enter__ and __exit__ are BlockBase's own, its class (``Block``, a Python subclass) not
+ * overriding them: then they are called here directly, without looking them up on the class (a few cache lines
+ * of the class and the interpreter's method cache, cold in a real step). 1 or 0. Inlined where it is read: the
+ * remembered class, compared, is a line of the class and none of code. */
+static inline int
+runs_base_methods(PyObject *block)
+{
+    PyTypeObject *type = Py_TYPE(block);
+    if (type == base_methods_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+        type->tp_version_tag == base_methods_version) {
+        return 1;
+    }
+    return finds_base_methods(type);
 }
 
 /* ``block.__enter__()``: a new reference, or NULL with an exception. */
