@@ -112,6 +112,16 @@ def test_the_pure_python_blocks_pass_the_blocks_tests() -> None:
     assert " passed" in result.stdout and "failed" not in result.stdout
 
 
+def compiled_and_pure_output(program: str) -> str:
+    """What ``program`` prints with the compiled blocks (where built) and with the Python twin, which must be the
+    same: that output."""
+    here = run([sys.executable, "-c", program])
+    pure = run([sys.executable, "-c", program], env={**os.environ, "STEPWATCH_PURE_PYTHON": "1"})
+    assert here.returncode == 0 and pure.returncode == 0, here.stderr + pure.stderr
+    assert here.stdout == pure.stdout
+    return here.stdout
+
+
 def test_the_compiled_blocks_record_what_the_python_ones_do() -> None:
     """The same nested blocks, an exception through one and a block closed out of order, in this process (the
     compiled blocks where built) and in one running the Python twin: the same calls, the same drops."""
@@ -134,11 +144,8 @@ def test_the_compiled_blocks_record_what_the_python_ones_do() -> None:
         "print(sorted((p, st.calls) for p, st in s.phases['train'].stages.items() if not p.endswith('other')))\n"
         "print(sw.span.dropped_blocks)\n"
     )
-    here = run([sys.executable, "-c", program])
-    pure = run([sys.executable, "-c", program], env={**os.environ, "STEPWATCH_PURE_PYTHON": "1"})
-    assert here.returncode == 0 and pure.returncode == 0, here.stderr + pure.stderr
-    assert here.stdout == pure.stdout
-    assert "('step/a/b', 5)" in here.stdout and "('step/c', 5)" in here.stdout
+    here = compiled_and_pure_output(program)
+    assert "('step/a/b', 5)" in here and "('step/c', 5)" in here
 
 
 def test_the_blocks_common_case_and_every_case_it_hands_on_record_what_the_python_ones_do() -> None:
@@ -175,14 +182,11 @@ def test_the_blocks_common_case_and_every_case_it_hands_on_record_what_the_pytho
         "print(sw.span.dropped_blocks)\n"
         "assert all(0 <= st.total_ns <= run_ns for st in stages.values()), 'a total longer than the run'\n"
     )
-    here = run([sys.executable, "-c", program])
-    pure = run([sys.executable, "-c", program], env={**os.environ, "STEPWATCH_PURE_PYTHON": "1"})
-    assert here.returncode == 0 and pure.returncode == 0, here.stderr + pure.stderr
-    assert here.stdout == pure.stdout
+    here = compiled_and_pure_output(program)
     # (the 5 steps' entries in step/a's buffer when it was replaced are not counted, in either)
-    assert "('step/a', 1021)" in here.stdout and "('step/a/b', 880)" in here.stdout, here.stdout
-    assert "('step/a/c', 146)" in here.stdout and "('t', 11)" in here.stdout, here.stdout
-    assert here.stdout.splitlines()[-1] == "22"  # d and e, closed out of order, each of the 11 times
+    assert "('step/a', 1021)" in here and "('step/a/b', 880)" in here, here
+    assert "('step/a/c', 146)" in here and "('t', 11)" in here, here
+    assert here.splitlines()[-1] == "22"  # d and e, closed out of order, each of the 11 times
 
 
 def test_a_finalizer_that_times_a_block_inside_a_blocks_entry_leaves_the_stack_whole() -> None:
