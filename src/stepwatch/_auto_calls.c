@@ -30,7 +30,7 @@ typedef struct {
 /* The stage this call is timed under when it may be the common case of a training step (borrowed; NULL with no
  * exception: not the common case, the Python wrapper decides); whether the stopwatch is measuring is read after,
  * from the stage's block. The session is free on this thread. */
-static PyObject *
+static INLINED PyObject *
 common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
 {
     if (session->evaluation != Py_None || session->sw == NULL) {

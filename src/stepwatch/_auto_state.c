@@ -172,12 +172,22 @@ call_is_true(PyObject *function)
     return truth;
 }
 
-/* The object a weak reference (or None) refers to: a new reference, or NULL (dead, or None). */
-static PyObject *
+/* The object a weak reference (or None) refers to: a new reference, or NULL (dead, None, or an exception). A
+ * ``weakref.ref`` is read in place; a reference of another kind is called. */
+static INLINED PyObject *
 referent(PyObject *reference)
 {
     if (reference == NULL || reference == Py_None) {
         return NULL;
+    }
+    if (PyWeakref_CheckRefExact(reference)) {
+#if PY_VERSION_HEX < 0x030D0000
+        PyObject *target = PyWeakref_GET_OBJECT(reference); /* borrowed; None once dead */
+        return target == Py_None ? NULL : Py_NewRef(target);
+#else
+        PyObject *target = NULL;
+        return PyWeakref_GetRef(reference, &target) < 0 ? NULL : target;
+#endif
     }
     PyObject *object = PyObject_CallNoArgs(reference);
     if (object == Py_None) {
@@ -188,7 +198,7 @@ referent(PyObject *reference)
 
 /* The stage of a module call known without module_stage: "forward" for the session's steady model called
  * in training mode, "loss" for its steady loss module (borrowed; NULL with no exception: not known). */
-static PyObject *
+static INLINED PyObject *
 known_stage(AutoStateObject *session, PyObject *module)
 {
     PyObject *stage = NULL;
@@ -209,7 +219,7 @@ known_stage(AutoStateObject *session, PyObject *module)
 }
 
 /* Whether the session's stopwatch is measuring (``sw.stacks.measuring is True``): 1, 0, or -1. */
-static int
+static COLD int
 measuring(PyObject *sw)
 {
     PyObject *stacks = PyObject_GetAttr(sw, s_stacks);
@@ -228,7 +238,7 @@ measuring(PyObject *sw)
 /* The stopwatch's block for ``stage`` (``sw._by_name[stage]``): a new reference; NULL where none was made yet
  * (``timed()`` makes it, in the Python wrapper), with an exception set only on an error. The blocks by name are
  * those its compiled ``timed()`` keeps (re-pointed with its state), read without an attribute lookup. */
-static PyObject *
+static INLINED PyObject *
 existing_block(AutoStateObject *session, PyObject *stage)
 {
     PyObject *timed = session->kept_lookup;
@@ -254,7 +264,7 @@ know_found(AutoStateObject *session)
 
 /* Whether ``block``'s stopwatch is measuring, read from the stacks the block keeps (the stopwatch's, re-pointed
  * when its state is lent or shared), or from ``sw`` for a block of another kind: 1, 0, or -1. */
-static int
+static INLINED int
 block_measuring(PyObject *block, PyObject *sw)
 {
     if (!PyObject_TypeCheck(block, &BlockBaseType) || ((BlockObject *)block)->stacks == NULL) {

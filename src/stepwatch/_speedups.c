@@ -33,10 +33,13 @@ typedef struct {
  * is fetched cold, benchmarks/footprint.py). */
 #define COLD __attribute__((cold, noinline))
 #define APART __attribute__((noinline)) /* a path of its own kind of call: not interleaved with the others' */
+/* A check shared by a general path and a compact one: a copy in each, so that the compact one stays contiguous. */
+#define INLINED inline __attribute__((always_inline))
 #define UNLIKELY(condition) __builtin_expect(!!(condition), 0)
 #else
 #define COLD
 #define APART
+#define INLINED inline
 #define UNLIKELY(condition) (condition)
 #endif
 
