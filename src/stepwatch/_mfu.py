@@ -3,6 +3,7 @@ step: the figures model trainers quote, beside the verdict. Reads a summary only
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +63,14 @@ class Flops:
 
 
 def percent(share: float) -> str:
-    """A share as the report shows MFU: whole percents from 10%, two significant digits below (0.014%)."""
-    return f"{share:.0%}" if share >= 0.1 else f"{share * 100:.2g}%"
+    """A share as the report shows MFU: whole percents from 10%, two significant digits below (0.014%,
+    0.000057%), never in exponent notation, so that the figure reads the same way at any size."""
+    if share >= 0.1:
+        return f"{share:.0%}"
+    value = share * 100
+    if not value > 0 or math.isinf(value):
+        return f"{value:.2g}%"
+    return f"{value:.{max(0, 1 - math.floor(math.log10(value)))}f}%"
 
 
 def flops_of(summary: Summary, phase: PhaseSummary) -> Flops | None:
