@@ -284,7 +284,8 @@ def test_a_block_reads_the_default_clock_as_time_perf_counter_ns_does() -> None:
 def test_the_compiled_step_boundary_does_what_the_python_one_does() -> None:
     """A timed loop's steady step boundary (``swap_frame``), in C and in Python, at each of its conditions: the
     frame on top or not, of its node or not, the thread's stack switched, not measuring at a step's end; each
-    either swaps the frame (closing it into the node's buffer and the phase) or changes nothing."""
+    either reads the clock once and swaps the frame (closing it into the node's buffer and the phase, counting
+    the step in the schedule where asked) or changes nothing and reads no clock."""
     from stepwatch import _block_base
     from stepwatch._tree import LOOP
 
@@ -300,15 +301,24 @@ def test_the_compiled_step_boundary_does_what_the_python_one_does() -> None:
         local = sw.stacks.local
         seen: list[Any] = []
 
-        def attempt(frame: Any, node: Any, next_node: Any, now: int, ends: bool, local: Any = local) -> None:
-            opened = swap(sw.stacks, local, stack, frame, node, next_node, phase, now, ends)
+        def attempt(
+            frame: Any, node: Any, next_node: Any, now: int, ends: bool, counted: bool = False, local: Any = local
+        ) -> None:
+            reads: list[int] = []
+
+            def clock() -> int:
+                reads.append(now)
+                return now
+
+            opened = swap(sw.stacks, local, stack, frame, node, next_node, phase, clock, ends, counted)
 
             def named(frame: Any) -> Any:  # a frame with its node's path: comparable across the two stopwatches
                 return None if frame is None else (frame[0] is LOOP, frame[1].path, frame[2])
 
             assert opened is None or opened is stack[-1]
             frames = [named(frame) for frame in stack[1:]]
-            seen.append((named(opened), frames, list(body.buf), list(wait.buf), phase.loop_ns, phase.steps))
+            counts = (phase.loop_ns, phase.steps, phase.schedule_pos)
+            seen.append((named(opened), len(reads), frames, list(body.buf), list(wait.buf), *counts))
 
         frame = (LOOP, body, 100)
         stack.append(frame)
@@ -319,16 +329,47 @@ def test_the_compiled_step_boundary_does_what_the_python_one_does() -> None:
         attempt(frame, body, wait, 150, True)  # not measuring at the end of a step
         sw.stacks.measuring = True
         attempt(frame, body, wait, 150, True)  # the step ends, the wait opens
-        attempt(stack[-1], wait, body, 190, False)  # the wait ends, the step opens
+        attempt(stack[-1], wait, body, 190, False, counted=True)  # the wait ends, the step opens and counts
+        attempt(stack[-1], body, wait, 230, True)  # the step ends
+        attempt(stack[-1], wait, body, 260, False)  # a step that does not count (a warm-up step)
         stack.clear()
         attempt(frame, body, wait, 200, True)  # an empty stack
         return seen
 
     compiled = outcomes(_block_base.swap_frame)
     assert compiled == outcomes(_block_base.python_swap_frame)
-    assert [seen[0] is None for seen in compiled] == [True, True, True, True, False, False, True]
-    assert compiled[4] == ((True, "loader", 150), [(True, "loader", 150)], [50], [], 50, 1)
-    assert compiled[5] == ((True, "step", 190), [(True, "step", 190)], [50], [40], 90, 1)
+    assert [seen[0] is None for seen in compiled] == [True, True, True, True, False, False, False, False, True]
+    assert [seen[1] for seen in compiled] == [0, 0, 0, 0, 1, 1, 1, 1, 0]  # the clock read only by a swap
+    assert compiled[4] == ((True, "loader", 150), 1, [(True, "loader", 150)], [50], [], 50, 1, 0)
+    assert compiled[5] == ((True, "step", 190), 1, [(True, "step", 190)], [50], [40], 90, 1, 1)
+    assert compiled[7] == ((True, "step", 260), 1, [(True, "step", 260)], [50, 40], [40, 30], 160, 2, 1)
+
+
+def test_the_compiled_step_boundary_reads_the_default_clock_itself() -> None:
+    """With ``time.perf_counter_ns`` as the clock, the C boundary reads it without a call: the reading lies
+    between two readings taken around the swap, and the closed frame's duration is the reading less its start."""
+    import time
+
+    from stepwatch import _block_base
+    from stepwatch._tree import LOOP
+
+    sw = Stopwatch()
+    sw.enable()
+    phase = sw.tree.phase("train")
+    body, wait = sw.tree.add_child(phase.root, "step"), sw.tree.add_child(phase.root, "loader")
+    stack = sw.stacks.thread_stack()
+    start = time.perf_counter_ns() - 5_000
+    frame = (LOOP, body, start)
+    stack.append(frame)
+    before = time.perf_counter_ns()
+    opened = _block_base.swap_frame(
+        sw.stacks, sw.stacks.local, stack, frame, body, wait, phase, time.perf_counter_ns, True, False
+    )
+    after = time.perf_counter_ns()
+    assert opened is not None and opened is stack[-1] and opened[1] is wait
+    assert before <= opened[2] <= after
+    assert body.buf == [opened[2] - start]
+    assert phase.loop_ns == opened[2] - start and phase.steps == 1
 
 
 def test_the_compiled_timed_lookup_gives_what_the_method_gives() -> None:

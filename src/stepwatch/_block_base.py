@@ -96,17 +96,20 @@ def python_swap_frame(
     node: Any,
     next_node: Any,
     phase: Any,
-    now: int,
+    clock: Callable[[], int],
     ends_step: bool,
+    counted: bool,
 ) -> tuple[Any, Any, int] | None:
     """One half of a timed loop's steady step boundary (``_loops.iterate``): if ``frame``, a loop frame of
-    ``node``, is on top of this thread's ``stack``, unswitched (and, at the end of a step, measuring), closes it
-    at ``now`` into ``node``'s buffer and the phase's loop time (its steps too, at the end of a step) and opens and
-    returns ``(LOOP, next_node, now)``; None, having changed nothing, otherwise. ``_boundary.c`` is the same in C."""
+    ``node``, is on top of this thread's ``stack``, unswitched (and, at the end of a step, measuring), reads
+    ``clock``, closes the frame then into ``node``'s buffer and the phase's loop time (its steps too, at the end
+    of a step; its schedule's position where ``counted``) and opens and returns ``(LOOP, next_node, now)``; None,
+    having changed nothing and read no clock, otherwise. ``_boundary.c`` is the same in C."""
     if not stack or stack[-1] is not frame or frame[1] is not node or stacks.local is not local:
         return None
     if ends_step and not stacks.measuring:
         return None
+    now = clock()
     elapsed = now - frame[2]
     del stack[-1]
     buf = node.buf
@@ -116,6 +119,8 @@ def python_swap_frame(
     phase.loop_ns += elapsed
     if ends_step:
         phase.steps += 1
+    if counted:
+        phase.schedule_pos += 1
     opened = (frame[0], next_node, now)  # (the owner of a loop's frames is LOOP)
     stack.append(opened)
     return opened

@@ -8,20 +8,34 @@
  * takes its general path, as before.
  */
 
-/* swap_frame(stacks, local, stack, frame, node, next_node, phase, now, ends_step): if ``frame`` (a loop frame of
- * ``node``) is on top of this thread's ``stack``, unswitched (``stacks.local is local``; for the end of a step,
- * measuring too), closes it at ``now`` into ``node``'s buffer and the phase's loop time (and its steps, at the end
- * of a step), then opens and returns ``(LOOP, next_node, now)``; None, having changed nothing, otherwise. */
+/* ``obj.<slot> += 1``: 0, or -1 with an exception. */
+static int
+increment(PyObject *obj, Slot *slot)
+{
+    PyObject *value = slot_get(obj, slot);
+    PyObject *more = value != NULL ? PyNumber_Add(value, one) : NULL;
+    Py_XDECREF(value);
+    int failed = more == NULL || slot_set(obj, slot, more) < 0;
+    Py_XDECREF(more);
+    return failed ? -1 : 0;
+}
+
+/* swap_frame(stacks, local, stack, frame, node, next_node, phase, clock, ends_step, counted): if ``frame`` (a loop
+ * frame of ``node``) is on top of this thread's ``stack``, unswitched (``stacks.local is local``; for the end of a
+ * step, measuring too), reads ``clock`` (the default one without a call), closes the frame then into ``node``'s
+ * buffer and the phase's loop time (and its steps, at the end of a step; its schedule's position too where
+ * ``counted``), then opens and returns ``(LOOP, next_node, now)``; None, having changed nothing and read no clock,
+ * otherwise. */
 static PyObject *
 swap_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9 || loop_owner == NULL) {
-        PyErr_SetString(PyExc_TypeError, "swap_frame() takes 9 arguments, after configure_slots()");
+    if (nargs != 10 || loop_owner == NULL) {
+        PyErr_SetString(PyExc_TypeError, "swap_frame() takes 10 arguments, after configure_slots()");
         return NULL;
     }
     PyObject *stacks = args[0], *local = args[1], *stack = args[2], *frame = args[3], *node = args[4],
-             *next_node = args[5], *phase = args[6], *now = args[7];
-    int ends_step = args[8] == Py_True;
+             *next_node = args[5], *phase = args[6], *clock = args[7];
+    int ends_step = args[8] == Py_True, counted = args[9] == Py_True;
     if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0 ||
         PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != frame || !PyTuple_CheckExact(frame) ||
         PyTuple_GET_SIZE(frame) != 3 || PyTuple_GET_ITEM(frame, 1) != node) {
@@ -46,14 +60,31 @@ swap_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;
         }
     }
-    PyObject *elapsed = difference(now, PyTuple_GET_ITEM(frame, 2));
+    Py_INCREF(frame); /* held across the clock's call, which can run anything */
+    PyObject *now, *elapsed;
+    long long now_ns;
+    if (read_clock_raw(clock, &now_ns)) {
+        now = PyLong_FromLongLong(now_ns);
+        elapsed = now != NULL ? elapsed_since(now_ns, PyTuple_GET_ITEM(frame, 2)) : NULL;
+    }
+    else {
+        now = PyObject_CallNoArgs(clock);
+        elapsed = now != NULL ? difference(now, PyTuple_GET_ITEM(frame, 2)) : NULL;
+    }
     if (elapsed == NULL) {
+        Py_XDECREF(now);
+        Py_DECREF(frame);
         return NULL;
     }
-    Py_INCREF(frame);
-    Py_SET_SIZE(stack, PyList_GET_SIZE(stack) - 1); /* ``del stack[-1]``: the frame is held */
-    Py_DECREF(frame);
     PyObject *opened = NULL;
+    Py_ssize_t size = PyList_GET_SIZE(stack);
+    if (PyList_CheckExact(stack) && size > 0 && PyList_GET_ITEM(stack, size - 1) == frame) {
+        Py_SET_SIZE(stack, size - 1); /* ``del stack[-1]``: the frame is held */
+        Py_DECREF(frame);
+    }
+    else if (PySequence_DelItem(stack, -1) < 0) { /* the clock changed the stack: as Python's ``del`` would */
+        goto done;
+    }
     if (record(stacks, node, elapsed) == 0) {
         PyObject *loop_ns = slot_get(phase, &slot_loop_ns);
         PyObject *total = loop_ns != NULL ? PyNumber_Add(loop_ns, elapsed) : NULL;
@@ -61,18 +92,19 @@ swap_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         int failed = total == NULL || slot_set(phase, &slot_loop_ns, total) < 0;
         Py_XDECREF(total);
         if (!failed && ends_step) {
-            PyObject *steps = slot_get(phase, &slot_steps);
-            PyObject *more = steps != NULL ? PyNumber_Add(steps, one) : NULL;
-            Py_XDECREF(steps);
-            failed = more == NULL || slot_set(phase, &slot_steps, more) < 0;
-            Py_XDECREF(more);
+            failed = increment(phase, &slot_steps) < 0;
+        }
+        if (!failed && counted) {
+            failed = increment(phase, &slot_schedule_pos) < 0;
         }
         opened = failed ? NULL : PyTuple_Pack(3, loop_owner, next_node, now);
         if (opened != NULL && PyList_Append(stack, opened) < 0) {
             Py_CLEAR(opened);
         }
     }
+done:
     Py_DECREF(frame);
     Py_DECREF(elapsed);
+    Py_DECREF(now);
     return opened;
 }

@@ -111,20 +111,24 @@ def iterate(
         # the steady state of a loop with nothing but its own frames to keep: closed and opened inline, below
         fast = outer and measure_all and device is None and trace is None and live is None and not (driven or beats)
         while True:
-            if device is not None:
-                device.before_clock()
-            now = clock()
             if (
                 fast
                 and not every
                 and index >= warmup
-                and (opened := swap_frame(stacks, local, stack, body_frame, body_node, wait_node, phase, now, True))
-            ):  # the path of most steps: what the general one below does in this case (the step's body closed, the
-                # wait opened, the loop's own phase counting them), in one call
+                and (
+                    opened := swap_frame(
+                        stacks, local, stack, body_frame, body_node, wait_node, phase, clock, True, False
+                    )
+                )
+            ):  # the path of most steps: what the general one below does in this case (the clock read, the step's
+                # body closed, the wait opened, the loop's own phase counting them), in one call
                 wait_frame, body_frame = opened, None
                 if main:
                     periodic.ticks += 1
             else:
+                if device is not None:
+                    device.before_clock()
+                now = clock()
                 if stacks.local is not local:
                     local, stack = stacks.local, stacks.thread_stack()
                 if body_frame is not None:
@@ -177,17 +181,17 @@ def iterate(
                     close_frame(sw, stack, wait_frame, None, None)  # the end of the data is not a wait
                     wait_frame = None
                 return
-            ready = clock()
             if fast and (
-                opened := swap_frame(stacks, local, stack, wait_frame, wait_node, body_node, phase, ready, False)
+                opened := swap_frame(
+                    stacks, local, stack, wait_frame, wait_node, body_node, phase, clock, False, index >= warmup
+                )
             ):
-                # the path of most steps again: the wait closed, the step opened
+                # the path of most steps again: the clock read, the wait closed, the step opened and counted
                 wait_frame, body_frame = None, opened
-                if index >= warmup:
-                    phase.schedule_pos += 1
                 index += 1
                 yield item
                 continue
+            ready = clock()
             if outer and index >= warmup:
                 phase.schedule_pos += 1
             index += 1

@@ -23,7 +23,8 @@ static Slot slot_measuring = {"measuring"}, slot_hot = {"hot"}, slot_local = {"l
 static Slot slot_children = {"children"}, slot_buf = {"buf"}, slot_batches = {"batches"};
 /* Phase */
 static Slot slot_counters = {"counters"}, slot_count_calls = {"count_calls"}, slot_in_first_step = {"in_first_step"},
-            slot_counting = {"counting"}, slot_loop_ns = {"loop_ns"}, slot_steps = {"steps"};
+            slot_counting = {"counting"}, slot_loop_ns = {"loop_ns"}, slot_steps = {"steps"},
+            slot_schedule_pos = {"schedule_pos"};
 
 /* ``obj.<slot>``: a new reference, or NULL with an exception. */
 static inline PyObject *
@@ -77,7 +78,8 @@ find_slot(PyTypeObject *type, Slot *slot)
 
 static Slot *all_slots[] = {&slot_measuring,     &slot_hot,      &slot_local,   &slot_children,
                             &slot_buf,           &slot_counters, &slot_count_calls, &slot_in_first_step,
-                            &slot_counting,      &slot_loop_ns,  &slot_steps,       &slot_batches};
+                            &slot_counting,      &slot_loop_ns,  &slot_steps,       &slot_batches,
+                            &slot_schedule_pos};
 
 /* Interns the slots' names (read by ``PyObject_GetAttr`` until configured); 0, or -1 with an exception. */
 static int
@@ -110,6 +112,7 @@ configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         {args[1], &slot_children},      {args[1], &slot_buf},           {args[2], &slot_counters},
         {args[2], &slot_count_calls},   {args[2], &slot_in_first_step}, {args[2], &slot_counting},
         {args[2], &slot_loop_ns},       {args[2], &slot_steps},         {args[1], &slot_batches},
+        {args[2], &slot_schedule_pos},
     };
     for (size_t i = 0; i < sizeof(found) / sizeof(found[0]); i++) {
         if (find_slot((PyTypeObject *)found[i].type, found[i].slot) < 0) {
