@@ -147,5 +147,9 @@ if COMPILED:
 
 swap_frame: Callable[..., tuple[Any, Any, int] | None] = python_swap_frame
 """A timed loop's steady step boundary, one half: :func:`python_swap_frame`, or the same in C."""
+SteadyLoop: Any = None
+"""A timed loop's steady steps as an iterator in C (``_steady.c``), where the blocks are compiled; None elsewhere
+(``_loops.iterate`` then keeps its own loop)."""
 if COMPILED:
+    from ._speedups import SteadyLoop as SteadyLoop  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import swap_frame as swap_frame  # type: ignore[import-not-found,no-redef,unused-ignore]

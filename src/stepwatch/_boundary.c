@@ -27,15 +27,9 @@ increment(PyObject *obj, Slot *slot)
  * ``counted``), then opens and returns ``(LOOP, next_node, now)``; None, having changed nothing and read no clock,
  * otherwise. */
 static PyObject *
-swap_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObject *node, PyObject *next_node,
+     PyObject *phase, PyObject *clock, int ends_step, int counted)
 {
-    if (nargs != 10 || loop_owner == NULL) {
-        PyErr_SetString(PyExc_TypeError, "swap_frame() takes 10 arguments, after configure_slots()");
-        return NULL;
-    }
-    PyObject *stacks = args[0], *local = args[1], *stack = args[2], *frame = args[3], *node = args[4],
-             *next_node = args[5], *phase = args[6], *clock = args[7];
-    int ends_step = args[8] == Py_True, counted = args[9] == Py_True;
     if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0 ||
         PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != frame || !PyTuple_CheckExact(frame) ||
         PyTuple_GET_SIZE(frame) != 3 || PyTuple_GET_ITEM(frame, 1) != node) {
@@ -107,4 +101,15 @@ done:
     Py_DECREF(elapsed);
     Py_DECREF(now);
     return opened;
+}
+
+static PyObject *
+swap_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10 || loop_owner == NULL) {
+        PyErr_SetString(PyExc_TypeError, "swap_frame() takes 10 arguments, after configure_slots()");
+        return NULL;
+    }
+    return swap(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8] == Py_True,
+                args[9] == Py_True);
 }

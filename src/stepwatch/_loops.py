@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._block_base import swap_frame
+from ._block_base import SteadyLoop, swap_frame
 from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD
 from ._dataloader.find import loader_config
 from ._device import _Loop
@@ -30,6 +30,10 @@ T = TypeVar("T")
 
 WAITING: Any = object()
 """What a loop in beats yields when its wait begins."""
+
+FETCHED, EXHAUSTED = 2, 3
+"""How the steady steps in C (``SteadyLoop``, ``_steady.c``) stopped, besides before a step's end (1): an item
+fetched whose step they could not open, or the end of the data (the wait still open)."""
 
 
 def is_outermost(stack: list[Any]) -> bool:
@@ -110,87 +114,103 @@ def iterate(
         iterator = iter(iterable)
         # the steady state of a loop with nothing but its own frames to keep: closed and opened inline, below
         fast = outer and measure_all and device is None and trace is None and live is None and not (driven or beats)
+        steady = fast and SteadyLoop is not None
+        ticker = periodic if main else None  # what counts the training steps in the steady state
+        item: Any = None
         while True:
-            if (
-                fast
-                and not every
-                and index >= warmup
-                and (
-                    opened := swap_frame(
-                        stacks, local, stack, body_frame, body_node, wait_node, phase, clock, True, False
-                    )
+            fetched = False  # an item the steady steps fetched without opening its step: the general path opens it
+            if steady and body_frame is not None and body_frame[1] is body_node and not every and index >= warmup:
+                # the steady state of most loops: the steps run in C (``_steady.c``) until it no longer holds
+                steps = SteadyLoop(
+                    stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index
                 )
-            ):  # the path of most steps: what the general one below does in this case (the clock read, the step's
-                # body closed, the wait opened, the loop's own phase counting them), in one call
-                wait_frame, body_frame = opened, None
-                if main:
-                    periodic.ticks += 1
-            else:
-                if device is not None:
-                    device.before_clock()
-                now = clock()
-                if stacks.local is not local:
-                    local, stack = stacks.local, stacks.thread_stack()
-                if body_frame is not None:
-                    frame, body_frame = body_frame, None
-                    if stack[-1] is frame and frame[1] is body_node and device is None and loop_phase is not None:
-                        # a steady-state step of the outer loop, closed as end_step would, inlined: the hot path
-                        del stack[-1]
-                        elapsed = now - frame[2]
-                        buf = body_node.buf
-                        buf.append(elapsed)
-                        if len(buf) >= FOLD:
-                            stacks.fold(body_node)
-                        loop_phase.loop_ns += elapsed
-                        loop_phase.steps += 1
-                    elif frame[1] is DROPPED:  # a step that began while not measuring: not a step
-                        close_frame(sw, stack, frame, None, None)
-                        frame = None
-                    else:
-                        end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
-                    if trace is not None and frame is not None:
-                        trace_step(trace, frame, now, stack, phase.name if loop_phase is not None else None)
-                if device is not None:
-                    device.poll()
-                if outer:
-                    in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
-                    if in_window != stacks.in_window:
-                        stacks.set_window(in_window)
-                        if not in_window and main and index > warmup and schedule.closes:
-                            sw.window_end.closed(sw, index)  # the last measured step ended: report, save, stop
-                    elif stacks.hot and not stacks.measuring:  # a block that spanned the window's end is done?
-                        stacks.update_flags()
-                    if every and index:
-                        every = periodic.tick(every, now)  # between two steps: in neither, nor in the loop's time
-                        now = clock()
-                    elif main and index:
-                        periodic.ticks += 1  # nothing left to call: the training step is still counted
-                    if live is not None and now >= live.due_ns and index:
-                        live.draw(now, phase, index)  # the live view, between two steps too
-                        now = clock()
-                if stacks.measuring and not driven:  # a driven loop has no batch to wait for: no loader row
-                    first = index == 0 and own_phase  # a one-off: workers starting, caches filling
-                    wait_frame = (LOOP, first_node if first else wait_node, now)
-                    stack.append(wait_frame)
-            try:
-                item: Any = (yield WAITING) if beats else next(iterator)
-            except StopIteration:
-                if wait_frame is not None:
+                try:
+                    yield from steps
+                finally:  # (an exception from the data, or a close() between two items, goes on with these)
+                    wait_frame, body_frame, index, outcome, item = steps.state()
+                if outcome == EXHAUSTED:
+                    end_of_data(sw, local, stack, wait_frame)
+                    wait_frame = None
+                    return
+                fetched = outcome == FETCHED
+            if not fetched:
+                if (
+                    fast
+                    and not every
+                    and index >= warmup
+                    and (
+                        opened := swap_frame(
+                            stacks, local, stack, body_frame, body_node, wait_node, phase, clock, True, False
+                        )
+                    )
+                ):  # the path of most steps: what the general one below does in this case (the clock read, the step's
+                    # body closed, the wait opened, the loop's own phase counting them), in one call
+                    wait_frame, body_frame = opened, None
+                    if main:
+                        periodic.ticks += 1
+                else:
+                    if device is not None:
+                        device.before_clock()
+                    now = clock()
                     if stacks.local is not local:
                         local, stack = stacks.local, stacks.thread_stack()
-                    close_frame(sw, stack, wait_frame, None, None)  # the end of the data is not a wait
+                    if body_frame is not None:
+                        frame, body_frame = body_frame, None
+                        if stack[-1] is frame and frame[1] is body_node and device is None and loop_phase is not None:
+                            # a steady-state step of the outer loop, closed as end_step would, inlined: the hot path
+                            del stack[-1]
+                            elapsed = now - frame[2]
+                            buf = body_node.buf
+                            buf.append(elapsed)
+                            if len(buf) >= FOLD:
+                                stacks.fold(body_node)
+                            loop_phase.loop_ns += elapsed
+                            loop_phase.steps += 1
+                        elif frame[1] is DROPPED:  # a step that began while not measuring: not a step
+                            close_frame(sw, stack, frame, None, None)
+                            frame = None
+                        else:
+                            end_step(sw, stack, frame, now, loop_phase, device_loop, first_body_node)
+                        if trace is not None and frame is not None:
+                            trace_step(trace, frame, now, stack, phase.name if loop_phase is not None else None)
+                    if device is not None:
+                        device.poll()
+                    if outer:
+                        in_window = index >= warmup and (measure_all or schedule.measures(phase.schedule_pos))
+                        if in_window != stacks.in_window:
+                            stacks.set_window(in_window)
+                            if not in_window and main and index > warmup and schedule.closes:
+                                sw.window_end.closed(sw, index)  # the last measured step ended: report, save, stop
+                        elif stacks.hot and not stacks.measuring:  # a block that spanned the window's end is done?
+                            stacks.update_flags()
+                        if every and index:
+                            every = periodic.tick(every, now)  # between two steps: in neither, nor in the loop's time
+                            now = clock()
+                        elif main and index:
+                            periodic.ticks += 1  # nothing left to call: the training step is still counted
+                        if live is not None and now >= live.due_ns and index:
+                            live.draw(now, phase, index)  # the live view, between two steps too
+                            now = clock()
+                    if stacks.measuring and not driven:  # a driven loop has no batch to wait for: no loader row
+                        first = index == 0 and own_phase  # a one-off: workers starting, caches filling
+                        wait_frame = (LOOP, first_node if first else wait_node, now)
+                        stack.append(wait_frame)
+                try:
+                    item = (yield WAITING) if beats else next(iterator)
+                except StopIteration:
+                    end_of_data(sw, local, stack, wait_frame)
                     wait_frame = None
-                return
-            if fast and (
-                opened := swap_frame(
-                    stacks, local, stack, wait_frame, wait_node, body_node, phase, clock, False, index >= warmup
-                )
-            ):
-                # the path of most steps again: the clock read, the wait closed, the step opened and counted
-                wait_frame, body_frame = None, opened
-                index += 1
-                yield item
-                continue
+                    return
+                if fast and (
+                    opened := swap_frame(
+                        stacks, local, stack, wait_frame, wait_node, body_node, phase, clock, False, index >= warmup
+                    )
+                ):
+                    # the path of most steps again: the clock read, the wait closed, the step opened and counted
+                    wait_frame, body_frame = None, opened
+                    index += 1
+                    yield item
+                    continue
             ready = clock()
             if outer and index >= warmup:
                 phase.schedule_pos += 1
@@ -270,6 +290,13 @@ def iterate(
             close()
         if ended is not None:
             ended()
+
+
+def end_of_data(sw: Stopwatch, local: Any, stack: list[Any], wait_frame: Any) -> None:
+    """The data ran out: the wait still open for the next item (if any) is no wait, and is dropped."""
+    if wait_frame is not None:
+        stacks = sw.stacks
+        close_frame(sw, stack if stacks.local is local else stacks.thread_stack(), wait_frame, None, None)
 
 
 def trace_step(trace: Trace, frame: Any, end: int, stack: list[Any], phase: str | None) -> None:

@@ -296,6 +296,7 @@ static PyTypeObject BlockBaseType = {
 #include "_auto_fast.c"
 #include "_auto_steps.c"
 #include "_boundary.c"
+#include "_steady.c"
 #include "_reads.c"
 #include "_fold.c"
 
@@ -375,8 +376,8 @@ PyInit__speedups(void)
         Py_DECREF(module);
         return NULL;
     }
-    if (auto_calls_ready(module) < 0 || auto_steps_ready(module) < 0 || counts_add_types(module) < 0 ||
-        lookup_add_type(module) < 0) {
+    if (auto_calls_ready(module) < 0 || auto_steps_ready(module) < 0 || steady_ready(module) < 0 ||
+        counts_add_types(module) < 0 || lookup_add_type(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,0 +1,220 @@
+/* A timed loop's steady state as an iterator in C (included by _speedups.c after _boundary.c, whose ``swap`` it
+ * calls; where this was not built, ``_loops.iterate`` keeps its own loop, each half of a step's boundary one
+ * ``swap_frame`` call).
+ *
+ * ``SteadyLoop(stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index)``
+ * takes over a loop's steps once they are steady: the generator delegates to it (``yield from``) with its step
+ * open, and each next() then does what the generator's loop does in that case: the step closed and the wait
+ * opened (``swap``), the training step counted on ``ticker`` (``ticker.ticks += 1``; None: not counted), the next
+ * item fetched, the wait closed and the step opened and counted (``swap`` again), the item returned. In the
+ * generator that was two calls and about 60 bytecode instructions a step (a ``timed_iter`` item in a tight loop
+ * ~2x an enabled block).
+ *
+ * It stops (ends the delegation) where the steady state does not hold, having changed nothing the generator does
+ * not see: before the step's end (a boundary that is not steady: nothing done, the step still open), after a
+ * fetch whose step could not be opened (the item and the open wait handed back), or at the end of the data (the
+ * wait still open, for the generator to close as no wait). An exception from the fetch propagates with the wait
+ * open. ``state()`` gives the generator what it holds: ``(wait_frame, body_frame, index, outcome, item)``.
+ */
+
+enum { STEADY_RUNNING = 0, STEADY_STEP_END = 1, STEADY_FETCHED = 2, STEADY_EXHAUSTED = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *stacks, *local, *stack, *body_node, *wait_node, *phase, *clock, *iterator, *ticker;
+    PyObject *wait_frame, *body_frame, *item; /* NULL: none */
+    Py_ssize_t index;
+    int outcome;
+} SteadyLoopObject;
+
+static PyObject *s_ticks;
+
+/* ``ticker.ticks += 1``: 0, or -1 with an exception. */
+static int
+tick(PyObject *ticker)
+{
+    PyObject *ticks = PyObject_GetAttr(ticker, s_ticks);
+    PyObject *more = ticks != NULL ? PyNumber_Add(ticks, one) : NULL;
+    Py_XDECREF(ticks);
+    int failed = more == NULL || PyObject_SetAttr(ticker, s_ticks, more) < 0;
+    Py_XDECREF(more);
+    return failed ? -1 : 0;
+}
+
+static PyObject *
+steady_next(SteadyLoopObject *self)
+{
+    if (self->outcome != STEADY_RUNNING || self->body_frame == NULL) {
+        return NULL;
+    }
+    PyObject *opened = swap(self->stacks, self->local, self->stack, self->body_frame, self->body_node,
+                            self->wait_node, self->phase, self->clock, 1, 0);
+    if (opened == NULL) {
+        return NULL;
+    }
+    if (opened == Py_None) {
+        Py_DECREF(opened);
+        self->outcome = STEADY_STEP_END;
+        return NULL;
+    }
+    Py_CLEAR(self->body_frame);
+    self->wait_frame = opened;
+    if (self->ticker != Py_None && tick(self->ticker) < 0) {
+        return NULL;
+    }
+    PyObject *item = (*Py_TYPE(self->iterator)->tp_iternext)(self->iterator);
+    if (item == NULL) {
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_StopIteration)) {
+                return NULL; /* the wait stays open: the generator closes it, as for its own fetch */
+            }
+            PyErr_Clear();
+        }
+        self->outcome = STEADY_EXHAUSTED;
+        return NULL;
+    }
+    opened = swap(self->stacks, self->local, self->stack, self->wait_frame, self->wait_node, self->body_node,
+                  self->phase, self->clock, 0, 1);
+    if (opened == NULL || opened == Py_None) {
+        if (opened == NULL) {
+            Py_DECREF(item);
+            return NULL;
+        }
+        Py_DECREF(opened);
+        self->item = item;
+        self->outcome = STEADY_FETCHED;
+        return NULL;
+    }
+    Py_CLEAR(self->wait_frame);
+    self->body_frame = opened;
+    self->index++;
+    return item;
+}
+
+/* state(): ``(wait_frame, body_frame, index, outcome, item)``, the item (one fetched and not yet given) let go. */
+static PyObject *
+steady_state(SteadyLoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *state = Py_BuildValue("(OOniO)", self->wait_frame ? self->wait_frame : Py_None,
+                                    self->body_frame ? self->body_frame : Py_None, self->index, self->outcome,
+                                    self->item ? self->item : Py_None);
+    if (state != NULL) {
+        Py_CLEAR(self->item);
+    }
+    return state;
+}
+
+static PyObject *
+steady_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *stacks, *local, *stack, *body_frame, *body_node, *wait_node, *phase, *clock, *iterator, *ticker;
+    Py_ssize_t index;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "SteadyLoop() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOO!OOOOOOOn:SteadyLoop", &stacks, &local, &PyList_Type, &stack, &body_frame,
+                          &body_node, &wait_node, &phase, &clock, &iterator, &ticker, &index)) {
+        return NULL;
+    }
+    if (!PyIter_Check(iterator)) {
+        PyErr_SetString(PyExc_TypeError, "SteadyLoop(): not an iterator");
+        return NULL;
+    }
+    if (loop_owner == NULL) {
+        PyErr_SetString(PyExc_TypeError, "SteadyLoop(): configure_slots() first");
+        return NULL;
+    }
+    SteadyLoopObject *self = (SteadyLoopObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    PyObject **fields[] = {&self->stacks, &self->local,  &self->stack,    &self->body_frame, &self->body_node,
+                           &self->wait_node, &self->phase, &self->clock, &self->iterator,  &self->ticker};
+    PyObject *values[] = {stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker};
+    for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+        *fields[i] = Py_NewRef(values[i]);
+    }
+    self->index = index;
+    return (PyObject *)self;
+}
+
+static int
+steady_traverse(SteadyLoopObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->stacks);
+    Py_VISIT(self->local);
+    Py_VISIT(self->stack);
+    Py_VISIT(self->body_node);
+    Py_VISIT(self->wait_node);
+    Py_VISIT(self->phase);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->iterator);
+    Py_VISIT(self->ticker);
+    Py_VISIT(self->wait_frame);
+    Py_VISIT(self->body_frame);
+    Py_VISIT(self->item);
+    return 0;
+}
+
+static int
+steady_clear(SteadyLoopObject *self)
+{
+    Py_CLEAR(self->stacks);
+    Py_CLEAR(self->local);
+    Py_CLEAR(self->stack);
+    Py_CLEAR(self->body_node);
+    Py_CLEAR(self->wait_node);
+    Py_CLEAR(self->phase);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->iterator);
+    Py_CLEAR(self->ticker);
+    Py_CLEAR(self->wait_frame);
+    Py_CLEAR(self->body_frame);
+    Py_CLEAR(self->item);
+    return 0;
+}
+
+static void
+steady_dealloc(SteadyLoopObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    steady_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef steady_methods[] = {
+    {"state", (PyCFunction)steady_state, METH_NOARGS,
+     "state(): (wait_frame, body_frame, index, outcome, item) for the generator to go on from."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SteadyLoopType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepwatch._speedups.SteadyLoop",
+    .tp_doc = "A timed loop's steady steps (see stepwatch/_steady.c).",
+    .tp_basicsize = sizeof(SteadyLoopObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = steady_new,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)steady_next,
+    .tp_methods = steady_methods,
+    .tp_traverse = (traverseproc)steady_traverse,
+    .tp_clear = (inquiry)steady_clear,
+    .tp_dealloc = (destructor)steady_dealloc,
+};
+
+/* Adds the type to the module; 0, or -1 with an exception. */
+static int
+steady_ready(PyObject *module)
+{
+    if ((s_ticks == NULL && (s_ticks = PyUnicode_InternFromString("ticks")) == NULL) ||
+        PyType_Ready(&SteadyLoopType) < 0) {
+        return -1;
+    }
+    Py_INCREF(&SteadyLoopType);
+    if (PyModule_AddObject(module, "SteadyLoop", (PyObject *)&SteadyLoopType) < 0) {
+        Py_DECREF(&SteadyLoopType);
+        return -1;
+    }
+    return 0;
+}
