@@ -79,6 +79,12 @@ print("switched", records())
 for i in sw.timed_iter(data(12, leak_at=5)):  # an item fetched whose step cannot be opened
     pass
 print("leaked", records())
+for i in sw.timed_iter(data(12)):  # a loop inside each step, and the records reset in the middle
+    for j in sw.timed_iter(range(3), stage="inner_wait", body="inner"):
+        pass
+    if i == 6:
+        sw.reset()
+print("nested, reset", records())
 print([steps.state()[3] for steps in outcomes], file=sys.stderr)
 """
 
@@ -88,13 +94,13 @@ def test_the_steady_steps_record_what_the_generator_records() -> None:
     schedule positions, training steps counted and stacks left behind."""
     output = compiled_and_pure_output(PROGRAM)
     lines = output.splitlines()
-    assert [line.split()[0] for line in lines] == ["exhausted", "break", "data", "body", "switched", "leaked"]
+    assert [line.split()[0] for line in lines] == ["exhausted", "break", "data", "body", "switched", "leaked", "nested,"]
     assert all(line.endswith(", 1)") for line in lines)  # each loop left the stack as it found it
     compiled = run([sys.executable, "-c", PROGRAM])
     # every way out of the steady steps was taken: the end of the data (3), a close (break, the body's exception:
     # still running, 0), the data's exception (0), a step's end switched off (1), an item whose step could not
-    # be opened (2)
-    assert compiled.stderr.strip() == "[3, 0, 0, 0, 1, 3, 2, 3]"
+    # be opened (2), a step's end after a reset (1)
+    assert compiled.stderr.strip() == "[3, 0, 0, 0, 1, 3, 2, 3, 1, 3]"
 
 
 def loop_steps(monkeypatch: pytest.MonkeyPatch) -> list[Any]:

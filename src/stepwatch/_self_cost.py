@@ -47,7 +47,7 @@ block more (Valgrind: about 5.6k instructions a wrapped call and its block, agai
 
 BLOCK_IN_C_WEIGHT = 0.3
 """A timed block whose entry and exit ran in C (``metadata.blocks_in_c``), and a step whose steady boundary did
-(``_boundary.c``: its loop's two frames swapped in C), in operations. The operation's cost is measured on
+(``_boundary.c``, ``_steady.c``: its loop's two frames swapped in C), in operations. The operation's cost is measured on
 stepwatch's step boundary where it runs in Python (the steps that measure it take the general path), and the C
 one costs a fraction of it in the same place (in ``benchmarks/auto.py``'s step: five blocks 8.3 us a step,
 1.7 us each, against a boundary of 6.2 us: 0.27). A ``dataset`` row's reads count as one operation a batch,
