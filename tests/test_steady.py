@@ -94,7 +94,15 @@ def test_the_steady_steps_record_what_the_generator_records() -> None:
     schedule positions, training steps counted and stacks left behind."""
     output = compiled_and_pure_output(PROGRAM)
     lines = output.splitlines()
-    assert [line.split()[0] for line in lines] == ["exhausted", "break", "data", "body", "switched", "leaked", "nested,"]
+    assert [line.split()[0] for line in lines] == [
+        "exhausted",
+        "break",
+        "data",
+        "body",
+        "switched",
+        "leaked",
+        "nested,",
+    ]
     assert all(line.endswith(", 1)") for line in lines)  # each loop left the stack as it found it
     compiled = run([sys.executable, "-c", PROGRAM])
     # every way out of the steady steps was taken: the end of the data (3), a close (break, the body's exception:
