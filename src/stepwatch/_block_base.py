@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from ._constants import FOLD
@@ -65,6 +66,18 @@ class PythonBlockBase:
                     stacks.fold(frame[1])
             else:
                 stacks.unwind(stack, self)
+
+    def _dropped_enter(self) -> None:
+        """A dropped block's entry (``_blocks.DroppedBlock``): notes that this thread is inside it."""
+        self.inside.append(get_ident())
+
+    def _dropped_exit(self, exc_type: object, exc: object, tb: object) -> None:
+        """A dropped block's exit: takes back this thread's note, or, finding none, closes as its live class
+        would (``_closed_live``, defined by ``_blocks.Block``)."""
+        try:
+            self.inside.remove(get_ident())
+        except ValueError:
+            self._closed_live(exc_type, exc, tb)  # type: ignore[attr-defined]
 
 
 def _compiled() -> type[PythonBlockBase] | None:

@@ -46,7 +46,7 @@ typedef struct {
 static Py_ssize_t fold_at = 1024; /* set by configure() to stepwatch._constants.FOLD */
 
 static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
-    *s_thread_stack, *s_track, *s_fold, *s_unwind, *s_get;
+    *s_thread_stack, *s_track, *s_fold, *s_unwind, *s_get, *s_append, *s_remove, *s_closed_live;
 
 #include "_slots.c"
 
@@ -260,9 +260,96 @@ block_dealloc(BlockObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* A call's result let go: 0, or -1 where the call failed (NULL, with its exception). */
+static int
+block_call_failed(PyObject *result)
+{
+    if (result == NULL) {
+        return -1;
+    }
+    Py_DECREF(result);
+    return 0;
+}
+
+/* ``self.inside``: a borrowed reference, or NULL with the AttributeError of a slot not set. */
+static PyObject *
+inside_of(BlockObject *self)
+{
+    if (self->inside == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "'inside' of a block not initialized");
+    }
+    return self->inside;
+}
+
+/* A dropped block's entry (``_blocks.DroppedBlock``, after the stopwatch was switched off): notes that this thread is
+ * inside it, ``self.inside.append(get_ident())``. No clock, flag or stack is read. */
+static PyObject *
+dropped_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *inside = inside_of(self);
+    PyObject *ident = inside != NULL ? PyLong_FromUnsignedLong(PyThread_get_thread_ident()) : NULL;
+    if (ident == NULL) {
+        return NULL;
+    }
+    int failed = PyList_CheckExact(inside) ? PyList_Append(inside, ident)
+                                           : block_call_failed(PyObject_CallMethodOneArg(inside, s_append, ident));
+    Py_DECREF(ident);
+    if (failed < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Its exit: ``self.inside.remove(get_ident())``, or where this thread has no note there (opened while on, or its note
+ * taken into the thread's stack), ``self._closed_live(exc_type, exc, tb)``: the exit of its live class. */
+static PyObject *
+dropped_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__exit__ takes 3 arguments");
+        return NULL;
+    }
+    PyObject *inside = inside_of(self);
+    PyObject *ident = inside != NULL ? PyLong_FromUnsignedLong(PyThread_get_thread_ident()) : NULL;
+    if (ident == NULL) {
+        return NULL;
+    }
+    int found = 0;
+    if (PyList_CheckExact(inside)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(inside) && !found; i++) {
+            PyObject *item = PyList_GET_ITEM(inside, i);
+            Py_INCREF(item);
+            found = PyObject_RichCompareBool(item, ident, Py_EQ);
+            Py_DECREF(item);
+            if (found > 0 && PyList_SetSlice(inside, i, i + 1, NULL) < 0) {
+                found = -1;
+            }
+        }
+    }
+    else {
+        found = block_call_failed(PyObject_CallMethodOneArg(inside, s_remove, ident)) < 0 ? -1 : 1;
+        if (found < 0 && PyErr_ExceptionMatches(PyExc_ValueError)) {
+            PyErr_Clear();
+            found = 0;
+        }
+    }
+    Py_DECREF(ident);
+    if (found < 0) {
+        return NULL;
+    }
+    if (found > 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *call[] = {(PyObject *)self, args[0], args[1], args[2]};
+    return PyObject_VectorcallMethod(s_closed_live, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
 static PyMethodDef block_methods[] = {
     {"__enter__", (PyCFunction)block_enter, METH_NOARGS, "Opens the block's frame on this thread's stack."},
     {"__exit__", (PyCFunction)(void (*)(void))block_exit, METH_FASTCALL, "Closes it and records its time."},
+    {"_dropped_enter", (PyCFunction)dropped_enter, METH_NOARGS, "A dropped block's entry: this thread noted inside."},
+    {"_dropped_exit", (PyCFunction)(void (*)(void))dropped_exit, METH_FASTCALL,
+     "A dropped block's exit: this thread's note taken back, or the live class's exit where there is none."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -347,7 +434,8 @@ PyInit__speedups(void)
     } names[] = {
         {&s_stacks, "stacks"}, {&s_stack, "stack"}, {&s_tree, "tree"}, {&s_add_child, "add_child"},
         {&s_thread_stack, "thread_stack"}, {&s_track, "track"}, {&s_fold, "fold"},
-        {&s_unwind, "unwind"}, {&s_get, "get"},
+        {&s_unwind, "unwind"}, {&s_get, "get"}, {&s_append, "append"}, {&s_remove, "remove"},
+        {&s_closed_live, "_closed_live"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) {
