@@ -176,13 +176,13 @@ class DroppedBlock(Block):
     """What every block of a stopwatch switched off after having been on is, until it is switched on again
     (:meth:`Blocks.follow_switch` changes the blocks' class). It reads no clock, no flag and no stack: it only
     notes that this thread is inside it (``inside``, a thread identity per open call): its entry and exit are
-    ``BlockBase``'s ``_dropped_enter``/``_dropped_exit``, in C where the blocks are compiled (a ``with`` of it then
-    costs about 0.6x ``contextlib.nullcontext()``, against 0.9x in Python). When stepwatch is switched on again, each thread's stack is rebuilt with a
-    dropped frame for each block it is still inside (:meth:`Blocks.take_inside`), so that the blocks opened
-    inside them never show at top level. A dropped block that finds no note of its thread on the way out
-    (opened while on, or its note already taken into the thread's stack) closes as its live class would.
-    Entered in the instant between the switch and its class following it, it is dropped with what opens
-    inside it."""
+    ``BlockBase``'s ``_dropped_enter``/``_dropped_exit``, in C where the blocks are compiled (a ``with`` of it
+    then costs about 0.6x ``contextlib.nullcontext()``, against 0.9x in Python). When stepwatch is switched on
+    again, each thread's stack is rebuilt with a dropped frame for each block it is still inside
+    (:meth:`Blocks.take_inside`), so that the blocks opened inside them never show at top level. A dropped
+    block that finds no note of its thread on the way out (opened while on, or its note already taken into the
+    thread's stack) closes as its live class would. Entered in the instant between the switch and its class
+    following it, it is dropped with what opens inside it."""
 
     __slots__ = ()
 
