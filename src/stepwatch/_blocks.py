@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._block_base import COMPILED, BlockBase
 from ._constants import FIRST_BATCH, FIRST_STEP, FOLD, MAX_STAGES, OTHER, OVERFLOW
+from ._periodic import PeriodicCalls
 from ._stacks import DROPPING, ThreadStacks
 from ._tree import DROPPED, LOOP, Node, Phase
 
 if COMPILED:  # the C side reads these classes' hot-path slots at their offsets (_slots.c)
     from ._speedups import configure_slots  # type: ignore[import-not-found,unused-ignore]
 
-    configure_slots(ThreadStacks, Node, Phase, LOOP)
+    configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls)
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch

@@ -24,6 +24,8 @@ class PeriodicCalls:
     (``log_every``, loggers' writers, ``gather_every``), the training steps seen, and whether the calls due
     are running now (a loop they run, a validation, is between two steps, not inside an abandoned one)."""
 
+    __slots__ = ("_filtered_at", "every", "removals", "resumed_ns", "ticking", "ticks")  # ticks: read in C too
+
     def __init__(self) -> None:
         self.every: Every = ()
         self.removals = 0  # how many calls were removed: a loop under way drops them at its next tick

@@ -25,6 +25,8 @@ static Slot slot_children = {"children"}, slot_buf = {"buf"}, slot_batches = {"b
 static Slot slot_counters = {"counters"}, slot_count_calls = {"count_calls"}, slot_in_first_step = {"in_first_step"},
             slot_counting = {"counting"}, slot_loop_ns = {"loop_ns"}, slot_steps = {"steps"},
             slot_schedule_pos = {"schedule_pos"};
+/* PeriodicCalls */
+static Slot slot_ticks = {"ticks"};
 
 /* ``obj.<slot>``: a new reference, or NULL with an exception. */
 static inline PyObject *
@@ -79,7 +81,7 @@ find_slot(PyTypeObject *type, Slot *slot)
 static Slot *all_slots[] = {&slot_measuring,     &slot_hot,      &slot_local,   &slot_children,
                             &slot_buf,           &slot_counters, &slot_count_calls, &slot_in_first_step,
                             &slot_counting,      &slot_loop_ns,  &slot_steps,       &slot_batches,
-                            &slot_schedule_pos};
+                            &slot_schedule_pos,  &slot_ticks};
 
 /* Interns the slots' names (read by ``PyObject_GetAttr`` until configured); 0, or -1 with an exception. */
 static int
@@ -96,12 +98,14 @@ slots_ready(void)
 
 static PyObject *loop_owner; /* stepwatch._tree.LOOP: the owner of a timed loop's frames */
 
-/* configure_slots(ThreadStacks, Node, Phase, LOOP): where their hot-path slots are, and the loops' frame owner. */
+/* configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls): where their hot-path slots are, and the loops'
+ * frame owner. */
 static PyObject *
 configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "configure_slots(ThreadStacks, Node, Phase, LOOP)");
+    if (nargs != 5 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2]) ||
+        !PyType_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls)");
         return NULL;
     }
     struct {
@@ -112,7 +116,7 @@ configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         {args[1], &slot_children},      {args[1], &slot_buf},           {args[2], &slot_counters},
         {args[2], &slot_count_calls},   {args[2], &slot_in_first_step}, {args[2], &slot_counting},
         {args[2], &slot_loop_ns},       {args[2], &slot_steps},         {args[1], &slot_batches},
-        {args[2], &slot_schedule_pos},
+        {args[2], &slot_schedule_pos},  {args[4], &slot_ticks},
     };
     for (size_t i = 0; i < sizeof(found) / sizeof(found[0]); i++) {
         if (find_slot((PyTypeObject *)found[i].type, found[i].slot) < 0) {

@@ -417,7 +417,8 @@ static PyMethodDef module_methods[] = {
     {"fold_durations", fold_durations, METH_O,
      "fold_durations(list): (total, sum of squares, min, max) of a stage's buffer, or None (see stepwatch/_fold.c)."},
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,
-     "configure_slots(ThreadStacks, Node, Phase, LOOP): where the hot path's slots are (see stepwatch/_slots.c)."},
+     "configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls): where the hot path's slots are (see "
+     "stepwatch/_slots.c)."},
     {NULL, NULL, 0, NULL},
 };
 

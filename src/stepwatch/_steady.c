@@ -27,20 +27,6 @@ typedef struct {
     int outcome;
 } SteadyLoopObject;
 
-static PyObject *s_ticks;
-
-/* ``ticker.ticks += 1``: 0, or -1 with an exception. */
-static int
-tick(PyObject *ticker)
-{
-    PyObject *ticks = PyObject_GetAttr(ticker, s_ticks);
-    PyObject *more = ticks != NULL ? PyNumber_Add(ticks, one) : NULL;
-    Py_XDECREF(ticks);
-    int failed = more == NULL || PyObject_SetAttr(ticker, s_ticks, more) < 0;
-    Py_XDECREF(more);
-    return failed ? -1 : 0;
-}
-
 static PyObject *
 steady_next(SteadyLoopObject *self)
 {
@@ -59,7 +45,7 @@ steady_next(SteadyLoopObject *self)
     }
     Py_CLEAR(self->body_frame);
     self->wait_frame = opened;
-    if (self->ticker != Py_None && tick(self->ticker) < 0) {
+    if (self->ticker != Py_None && increment(self->ticker, &slot_ticks) < 0) {
         return NULL;
     }
     PyObject *item = (*Py_TYPE(self->iterator)->tp_iternext)(self->iterator);
@@ -207,8 +193,7 @@ static PyTypeObject SteadyLoopType = {
 static int
 steady_ready(PyObject *module)
 {
-    if ((s_ticks == NULL && (s_ticks = PyUnicode_InternFromString("ticks")) == NULL) ||
-        PyType_Ready(&SteadyLoopType) < 0) {
+    if (PyType_Ready(&SteadyLoopType) < 0) {
         return -1;
     }
     Py_INCREF(&SteadyLoopType);
