@@ -340,8 +340,8 @@ dropped_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (found > 0) {
         Py_RETURN_NONE;
     }
-    PyObject *call[] = {(PyObject *)self, args[0], args[1], args[2]};
-    return PyObject_VectorcallMethod(s_closed_live, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *call[] = {NULL, (PyObject *)self, args[0], args[1], args[2]}; /* call[0]: the callee's to borrow */
+    return PyObject_VectorcallMethod(s_closed_live, call + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
 static PyMethodDef block_methods[] = {
