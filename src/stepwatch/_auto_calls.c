@@ -324,9 +324,9 @@ static PyTypeObject AutoCallType = {
     .tp_dealloc = (destructor)auto_call_dealloc,
 };
 
-/* Interns the attribute names above and readies the type; 0, or -1 with an exception. */
+/* Interns the attribute names above; 0, or -1 with an exception. */
 static int
-auto_calls_ready(PyObject *module)
+auto_calls_ready(void)
 {
     struct {
         PyObject **slot;
@@ -341,19 +341,6 @@ auto_calls_ready(PyObject *module)
         if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) {
             return -1;
         }
-    }
-    if (PyType_Ready(&AutoCallType) < 0 || PyType_Ready(&AutoStateType) < 0) {
-        return -1;
-    }
-    Py_INCREF(&AutoCallType);
-    if (PyModule_AddObject(module, "AutoCall", (PyObject *)&AutoCallType) < 0) {
-        Py_DECREF(&AutoCallType);
-        return -1;
-    }
-    Py_INCREF(&AutoStateType);
-    if (PyModule_AddObject(module, "AutoState", (PyObject *)&AutoStateType) < 0) {
-        Py_DECREF(&AutoStateType);
-        return -1;
     }
     return 0;
 }

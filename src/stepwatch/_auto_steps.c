@@ -288,19 +288,13 @@ static PyTypeObject AutoStepsType = {
     .tp_dealloc = (destructor)auto_steps_dealloc,
 };
 
-/* Interns the method names above and adds the type to the module; 0, or -1 with an exception. */
+/* Interns the method names above; 0, or -1 with an exception. */
 static int
-auto_steps_ready(PyObject *module)
+auto_steps_ready(void)
 {
     if ((s_end_evaluation == NULL && (s_end_evaluation = PyUnicode_InternFromString("end_evaluation")) == NULL) ||
         (s_check_module_calls == NULL &&
-         (s_check_module_calls = PyUnicode_InternFromString("check_module_calls")) == NULL) ||
-        PyType_Ready(&AutoStepsType) < 0) {
-        return -1;
-    }
-    Py_INCREF(&AutoStepsType);
-    if (PyModule_AddObject(module, "AutoSteps", (PyObject *)&AutoStepsType) < 0) {
-        Py_DECREF(&AutoStepsType);
+         (s_check_module_calls = PyUnicode_InternFromString("check_module_calls")) == NULL)) {
         return -1;
     }
     return 0;

@@ -156,18 +156,3 @@ static PyTypeObject CounterType = {
     .tp_members = counter_members,
     .tp_getset = counter_getset,
 };
-
-/* Adds the Counter type to the module: 0, or -1 with an exception. */
-static int
-counts_add_types(PyObject *module)
-{
-    if (PyType_Ready(&CounterType) < 0) {
-        return -1;
-    }
-    Py_INCREF(&CounterType);
-    if (PyModule_AddObject(module, "Counter", (PyObject *)&CounterType) < 0) {
-        Py_DECREF(&CounterType);
-        return -1;
-    }
-    return 0;
-}

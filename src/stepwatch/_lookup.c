@@ -112,18 +112,3 @@ static PyTypeObject LookupType = {
     .tp_members = lookup_members,
     .tp_getset = lookup_getset,
 };
-
-/* Adds the Lookup type to the module: 0, or -1 with an exception. */
-static int
-lookup_add_type(PyObject *module)
-{
-    if (PyType_Ready(&LookupType) < 0) {
-        return -1;
-    }
-    Py_INCREF(&LookupType);
-    if (PyModule_AddObject(module, "Lookup", (PyObject *)&LookupType) < 0) {
-        Py_DECREF(&LookupType);
-        return -1;
-    }
-    return 0;
-}

@@ -443,7 +443,8 @@ PyInit__speedups(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&BlockBaseType) < 0 || counts_ready() < 0 || slots_ready() < 0 || reads_ready() < 0) {
+    if (counts_ready() < 0 || slots_ready() < 0 || reads_ready() < 0 || auto_calls_ready() < 0 ||
+        auto_steps_ready() < 0) {
         return NULL;
     }
     PyObject *time_module = PyImport_ImportModule("time");
@@ -459,16 +460,13 @@ PyInit__speedups(void)
     if (module == NULL) {
         return NULL;
     }
-    Py_INCREF(&BlockBaseType);
-    if (PyModule_AddObject(module, "BlockBase", (PyObject *)&BlockBaseType) < 0) {
-        Py_DECREF(&BlockBaseType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    if (auto_calls_ready(module) < 0 || auto_steps_ready(module) < 0 || steady_ready(module) < 0 ||
-        counts_add_types(module) < 0 || lookup_add_type(module) < 0) {
-        Py_DECREF(module);
-        return NULL;
+    PyTypeObject *types[] = {&BlockBaseType, &AutoCallType, &AutoStateType, &AutoStepsType,
+                             &SteadyLoopType, &CounterType,   &LookupType};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (PyModule_AddType(module, types[i]) < 0) { /* readied, and added under its name after the last dot */
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     return module;
 }

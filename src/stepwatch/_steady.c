@@ -188,18 +188,3 @@ static PyTypeObject SteadyLoopType = {
     .tp_clear = (inquiry)steady_clear,
     .tp_dealloc = (destructor)steady_dealloc,
 };
-
-/* Adds the type to the module; 0, or -1 with an exception. */
-static int
-steady_ready(PyObject *module)
-{
-    if (PyType_Ready(&SteadyLoopType) < 0) {
-        return -1;
-    }
-    Py_INCREF(&SteadyLoopType);
-    if (PyModule_AddObject(module, "SteadyLoop", (PyObject *)&SteadyLoopType) < 0) {
-        Py_DECREF(&SteadyLoopType);
-        return -1;
-    }
-    return 0;
-}
