@@ -136,6 +136,7 @@ def iterate(
             if not fetched:
                 if (
                     fast
+                    and not steady  # (compiled: SteadyLoop tried this very swap above, or it cannot hold)
                     and not every
                     and index >= warmup
                     and (
@@ -143,8 +144,8 @@ def iterate(
                             stacks, local, stack, body_frame, body_node, wait_node, phase, clock, True, False
                         )
                     )
-                ):  # the path of most steps: what the general one below does in this case (the clock read, the step's
-                    # body closed, the wait opened, the loop's own phase counting them), in one call
+                ):  # the path of most steps in Python: what the general one below does in this case (the clock read,
+                    # the step's body closed, the wait opened, the loop's own phase counting them), in one call
                     wait_frame, body_frame = opened, None
                     if main:
                         periodic.ticks += 1
