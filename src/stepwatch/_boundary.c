@@ -8,18 +8,6 @@
  * takes its general path, as before.
  */
 
-/* ``obj.<slot> += 1``: 0, or -1 with an exception. */
-static int
-increment(PyObject *obj, Slot *slot)
-{
-    PyObject *value = slot_get(obj, slot);
-    PyObject *more = value != NULL ? PyNumber_Add(value, one) : NULL;
-    Py_XDECREF(value);
-    int failed = more == NULL || slot_set(obj, slot, more) < 0;
-    Py_XDECREF(more);
-    return failed ? -1 : 0;
-}
-
 /* swap_frame(stacks, local, stack, frame, node, next_node, phase, clock, ends_step, counted): if ``frame`` (a loop
  * frame of ``node``) is on top of this thread's ``stack``, unswitched (``stacks.local is local``; for the end of a
  * step, measuring too), reads ``clock`` (the default one without a call), closes the frame then into ``node``'s
@@ -86,10 +74,10 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
         int failed = total == NULL || slot_set(phase, &slot_loop_ns, total) < 0;
         Py_XDECREF(total);
         if (!failed && ends_step) {
-            failed = increment(phase, &slot_steps) < 0;
+            failed = slot_increment(phase, &slot_steps) < 0;
         }
         if (!failed && counted) {
-            failed = increment(phase, &slot_schedule_pos) < 0;
+            failed = slot_increment(phase, &slot_schedule_pos) < 0;
         }
         opened = failed ? NULL : PyTuple_Pack(3, loop_owner, next_node, now);
         if (opened != NULL && PyList_Append(stack, opened) < 0) {

@@ -10,7 +10,7 @@
 
 static PyObject *s_phases, *s_phase, *s_count_lock, *s_samples,
     *s_acquire, *s_release, *s_dict;
-static PyObject *counts_dropped, *counts_default_phase, *counts_limit, *counts_lowest, *counts_fallback, *one;
+static PyObject *counts_dropped, *counts_default_phase, *counts_limit, *counts_lowest, *counts_fallback;
 static double counts_limit_value;
 
 /* configure_counts(dropped, default_phase, limit, fallback): the Python side's constants and function. */
@@ -151,11 +151,7 @@ add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, P
         result = within_limits(total);
     }
     if (result == 1) {
-        PyObject *calls = slot_get(phase, &slot_count_calls);
-        PyObject *more = calls != NULL ? PyNumber_Add(calls, one) : NULL;
-        Py_XDECREF(calls);
-        result = more != NULL && slot_set(phase, &slot_count_calls, more) == 0 ? 1 : -1;
-        Py_XDECREF(more);
+        result = slot_increment(phase, &slot_count_calls) == 0 ? 1 : -1;
         for (Py_ssize_t i = 0; result == 1 && i < n; i++) {
             result = PyDict_SetItem(counters, units[i], totals[i]) < 0 ? -1 : 1;
         }
@@ -273,9 +269,6 @@ counts_ready(void)
         if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) {
             return -1;
         }
-    }
-    if (one == NULL && (one = PyLong_FromLong(1)) == NULL) {
-        return -1;
     }
     return 0;
 }

@@ -54,6 +54,20 @@ slot_set(PyObject *obj, Slot *slot, PyObject *value)
     return PyObject_SetAttr(obj, slot->name, value);
 }
 
+static PyObject *one; /* the int 1 (made by slots_ready) */
+
+/* ``obj.<slot> += 1``: 0, or -1 with an exception. */
+static int
+slot_increment(PyObject *obj, Slot *slot)
+{
+    PyObject *value = slot_get(obj, slot);
+    PyObject *more = value != NULL ? PyNumber_Add(value, one) : NULL;
+    Py_XDECREF(value);
+    int failed = more == NULL || slot_set(obj, slot, more) < 0;
+    Py_XDECREF(more);
+    return failed ? -1 : 0;
+}
+
 /* Finds ``slot`` on ``type``: 0, or -1 with an exception if it is not a writable object slot there. */
 static int
 find_slot(PyTypeObject *type, Slot *slot)
@@ -83,10 +97,14 @@ static Slot *all_slots[] = {&slot_measuring,     &slot_hot,      &slot_local,   
                             &slot_counting,      &slot_loop_ns,  &slot_steps,       &slot_batches,
                             &slot_schedule_pos,  &slot_ticks};
 
-/* Interns the slots' names (read by ``PyObject_GetAttr`` until configured); 0, or -1 with an exception. */
+/* Interns the slots' names (read by ``PyObject_GetAttr`` until configured) and makes ``one``; 0, or -1 with an
+ * exception. */
 static int
 slots_ready(void)
 {
+    if (one == NULL && (one = PyLong_FromLong(1)) == NULL) {
+        return -1;
+    }
     for (size_t i = 0; i < sizeof(all_slots) / sizeof(all_slots[0]); i++) {
         Slot *slot = all_slots[i];
         if (slot->name == NULL && (slot->name = PyUnicode_InternFromString(slot->text)) == NULL) {

@@ -45,7 +45,7 @@ steady_next(SteadyLoopObject *self)
     }
     Py_CLEAR(self->body_frame);
     self->wait_frame = opened;
-    if (self->ticker != Py_None && increment(self->ticker, &slot_ticks) < 0) {
+    if (self->ticker != Py_None && slot_increment(self->ticker, &slot_ticks) < 0) {
         return NULL;
     }
     PyObject *item = (*Py_TYPE(self->iterator)->tp_iternext)(self->iterator);
