@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from stepwatch import Stopwatch
 from stepwatch._blocks import DroppedBlock
 
@@ -56,6 +58,13 @@ def test_dropped_blocks_do_in_c_what_the_python_ones_do() -> None:
     """Notes taken and given back (a plain list and a subclass), another thread's note kept, an exception through
     a dropped block, and a block whose exit finds no note (the stopwatch switched on inside it): the same output
     with the compiled blocks and with the Python twin."""
+    from stepwatch import _block_base
+
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+    for method in ("__enter__", "__exit__"):  # here, the compiled ones: C methods of the compiled BlockBase
+        assert type(vars(DroppedBlock)[method]).__name__ == "method_descriptor"
+        assert vars(DroppedBlock)[method].__objclass__ is _block_base.BlockBase
     lines = compiled_and_pure_output(PROGRAM).splitlines()
     assert lines[0] == "DroppedBlock [] []"
     assert lines[1:3] == ["1", "1"]
