@@ -60,21 +60,24 @@ def estimate_loss():
     return out
 
 
-iterations = []  # per iteration: its time by this program's clock, and whether it evaluated
+iterations = []  # per iteration: its time by this program's clock, whether it evaluated and how long that took
 x, y = get_batch()
 iter_num = 0
 started = time.perf_counter()
 while True:
     evaluated = iter_num % EVAL_INTERVAL == 0
+    evaluation_s = 0.0
     if evaluated:
+        before = time.perf_counter()
         estimate_loss()
+        evaluation_s = time.perf_counter() - before
     _, loss = model(x, y)
     x, y = get_batch()
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     now = time.perf_counter()
-    iterations.append({"s": now - started, "evaluated": evaluated})
+    iterations.append({"s": now - started, "evaluated": evaluated, "evaluation_s": evaluation_s})
     started = now
     iter_num += 1
     if iter_num > MAX_ITERS:
