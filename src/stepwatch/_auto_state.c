@@ -226,7 +226,7 @@ measuring(PyObject *sw)
     if (stacks == NULL) {
         return -1;
     }
-    PyObject *value = slot_get(stacks, &slot_measuring);
+    PyObject *value = slot_get(stacks, SLOT_MEASURING);
     Py_DECREF(stacks);
     if (value == NULL) {
         return -1;
@@ -270,7 +270,7 @@ block_measuring(PyObject *block, PyObject *sw)
     if (!PyObject_TypeCheck(block, &BlockBaseType) || ((BlockObject *)block)->stacks == NULL) {
         return measuring(sw);
     }
-    PyObject *value = slot_get(((BlockObject *)block)->stacks, &slot_measuring);
+    PyObject *value = slot_get(((BlockObject *)block)->stacks, SLOT_MEASURING);
     if (value == NULL) {
         return -1;
     }

@@ -11,20 +11,17 @@
  * here, so that a fold or an unwind does not lengthen the block it closes).
  */
 
-/* ``obj.<slot>`` read in place, borrowed (NULL where not set): the caller has checked ``obj``'s type. */
-#define SLOT_IN_PLACE(obj, slot) (*(PyObject **)((char *)(obj) + (slot).offset))
-
 /* This thread's stack when ``thread_stack`` has it cached for ``stacks``' local (borrowed), or NULL (no error):
  * ``stacks`` is a ThreadStacks. */
 static inline PyObject *
 cached_thread_stack(PyObject *stacks)
 {
-    PyObject *local = SLOT_IN_PLACE(stacks, slot_local);
-    if (local == NULL || local != cached_local) {
+    PyObject *local = SLOT_IN_PLACE(stacks, SLOT_LOCAL);
+    if (local == NULL || local != hot_state.cached_local) {
         return NULL;
     }
     PyObject *thread = PyThreadState_GetDict(); /* borrowed; NULL without an exception */
-    return thread != NULL && thread == cached_thread ? cached_stack : NULL;
+    return thread != NULL && thread == hot_state.cached_thread ? hot_state.cached_stack : NULL;
 }
 
 /* ``list.append(item)`` where the list has room (checked by the caller): the reference to ``item`` is taken. */
@@ -46,10 +43,10 @@ static PyObject *
 block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
 {
     PyObject *stacks = self->stacks;
-    if (stacks == NULL || Py_TYPE(stacks) != slot_measuring.type) {
+    if (stacks == NULL || Py_TYPE(stacks) != SLOT_TYPE(SLOT_MEASURING)) {
         return block_enter_general(self);
     }
-    PyObject *measuring = SLOT_IN_PLACE(stacks, slot_measuring);
+    PyObject *measuring = SLOT_IN_PLACE(stacks, SLOT_MEASURING);
     if (measuring == Py_False) {
         Py_RETURN_NONE; /* switched off: nothing, as block_enter_general does */
     }
@@ -62,7 +59,7 @@ block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
         return block_enter_general(self);
     }
     PyObject *parent = PyTuple_GET_ITEM(top, 1);
-    PyObject *children = Py_TYPE(parent) == slot_children.type ? SLOT_IN_PLACE(parent, slot_children) : NULL;
+    PyObject *children = Py_TYPE(parent) == SLOT_TYPE(SLOT_CHILDREN) ? SLOT_IN_PLACE(parent, SLOT_CHILDREN) : NULL;
     if (children == NULL || !PyDict_CheckExact(children)) {
         return block_enter_general(self);
     }
@@ -105,10 +102,10 @@ static PyObject *
 block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *stacks = self->stacks;
-    if (UNLIKELY(nargs != 3) || stacks == NULL || Py_TYPE(stacks) != slot_hot.type) {
+    if (UNLIKELY(nargs != 3) || stacks == NULL || Py_TYPE(stacks) != SLOT_TYPE(SLOT_HOT)) {
         return block_exit_general(self, args, nargs, NULL);
     }
-    PyObject *hot = SLOT_IN_PLACE(stacks, slot_hot);
+    PyObject *hot = SLOT_IN_PLACE(stacks, SLOT_HOT);
     if (hot == Py_False) {
         Py_RETURN_NONE; /* not measuring: nothing to close, as block_exit_general does */
     }
@@ -124,8 +121,8 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
         return block_exit_general(self, args, nargs, &end_ns); /* (a block closed out of order, say) */
     }
     PyObject *node = PyTuple_GET_ITEM(frame, 1), *start = PyTuple_GET_ITEM(frame, 2);
-    PyObject *buf = Py_TYPE(node) == slot_buf.type ? SLOT_IN_PLACE(node, slot_buf) : NULL;
-    if (buf == NULL || !has_room(buf) || PyList_GET_SIZE(buf) + 1 >= fold_at || !PyLong_CheckExact(start)) {
+    PyObject *buf = Py_TYPE(node) == SLOT_TYPE(SLOT_BUF) ? SLOT_IN_PLACE(node, SLOT_BUF) : NULL;
+    if (buf == NULL || !has_room(buf) || PyList_GET_SIZE(buf) + 1 >= hot_state.fold_at || !PyLong_CheckExact(start)) {
         return block_exit_general(self, args, nargs, &end_ns);
     }
     int overflow;

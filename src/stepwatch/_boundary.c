@@ -23,7 +23,7 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
         PyTuple_GET_SIZE(frame) != 3 || PyTuple_GET_ITEM(frame, 1) != node) {
         Py_RETURN_NONE;
     }
-    PyObject *current = slot_get(stacks, &slot_local);
+    PyObject *current = slot_get(stacks, SLOT_LOCAL);
     if (current == NULL) {
         return NULL;
     }
@@ -32,7 +32,7 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
         Py_RETURN_NONE;
     }
     if (ends_step) {
-        PyObject *measuring = slot_get(stacks, &slot_measuring);
+        PyObject *measuring = slot_get(stacks, SLOT_MEASURING);
         int on = measuring != NULL ? PyObject_IsTrue(measuring) : -1;
         Py_XDECREF(measuring);
         if (on <= 0) {
@@ -68,18 +68,18 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
         goto done;
     }
     if (record(stacks, node, elapsed) == 0) {
-        PyObject *loop_ns = slot_get(phase, &slot_loop_ns);
+        PyObject *loop_ns = slot_get(phase, SLOT_LOOP_NS);
         PyObject *total = loop_ns != NULL ? PyNumber_Add(loop_ns, elapsed) : NULL;
         Py_XDECREF(loop_ns);
-        int failed = total == NULL || slot_set(phase, &slot_loop_ns, total) < 0;
+        int failed = total == NULL || slot_set(phase, SLOT_LOOP_NS, total) < 0;
         Py_XDECREF(total);
         if (!failed && ends_step) {
-            failed = slot_increment(phase, &slot_steps) < 0;
+            failed = slot_increment(phase, SLOT_STEPS) < 0;
         }
         if (!failed && counted) {
-            failed = slot_increment(phase, &slot_schedule_pos) < 0;
+            failed = slot_increment(phase, SLOT_SCHEDULE_POS) < 0;
         }
-        opened = failed ? NULL : PyTuple_Pack(3, loop_owner, next_node, now);
+        opened = failed ? NULL : PyTuple_Pack(3, hot_state.loop_owner, next_node, now);
         if (opened != NULL && PyList_Append(stack, opened) < 0) {
             Py_CLEAR(opened);
         }
@@ -94,7 +94,7 @@ done:
 static PyObject *
 swap_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10 || loop_owner == NULL) {
+    if (nargs != 10 || hot_state.loop_owner == NULL) {
         PyErr_SetString(PyExc_TypeError, "swap_frame() takes 10 arguments, after configure_slots()");
         return NULL;
     }

@@ -24,7 +24,7 @@ counter_call(CounterObject *self, PyObject *const *args, size_t nargsf, PyObject
     }
     if (plain) {
         PyObject *stacks = Py_NewRef(self->stacks), *tree = Py_NewRef(self->tree); /* (held: a count may re-point) */
-        PyObject *measuring = slot_get(stacks, &slot_measuring);
+        PyObject *measuring = slot_get(stacks, SLOT_MEASURING);
         int on = measuring != NULL ? PyObject_IsTrue(measuring) : -1;
         Py_XDECREF(measuring);
         int done = on <= 0 ? on : count_units(stacks, tree, &PyTuple_GET_ITEM(kwnames, 0), args, n);

@@ -44,15 +44,15 @@ configure_counts(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
 static PyObject *
 thread_values(PyObject *local)
 {
-    int cacheable = local == cached_local && cached_thread != NULL && PyThreadState_GetDict() == cached_thread;
-    if (cacheable && cached_values != NULL) {
-        Py_INCREF(cached_values);
-        return cached_values;
+    int cacheable = local == hot_state.cached_local && hot_state.cached_thread != NULL && PyThreadState_GetDict() == hot_state.cached_thread;
+    if (cacheable && hot_state.cached_values != NULL) {
+        Py_INCREF(hot_state.cached_values);
+        return hot_state.cached_values;
     }
     PyObject *values = PyObject_GetAttr(local, s_dict);
     if (values != NULL && cacheable) {
         Py_INCREF(values);
-        Py_XSETREF(cached_values, values);
+        Py_XSETREF(hot_state.cached_values, values);
     }
     return values;
 }
@@ -62,10 +62,10 @@ thread_values(PyObject *local)
 static PyObject *
 measured_phase(PyObject *stacks, PyObject *tree)
 {
-    PyObject *measuring = slot_get(stacks, &slot_measuring);
+    PyObject *measuring = slot_get(stacks, SLOT_MEASURING);
     PyObject *stack = measuring == Py_True ? thread_stack(stacks) : NULL;
     Py_XDECREF(measuring);
-    PyObject *local = stack != NULL ? slot_get(stacks, &slot_local) : NULL;
+    PyObject *local = stack != NULL ? slot_get(stacks, SLOT_LOCAL) : NULL;
     if (local == NULL) {
         Py_XDECREF(stack);
         return NULL;
@@ -127,7 +127,7 @@ within_limits(PyObject *total)
 static int
 add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, Py_ssize_t n)
 {
-    PyObject *counters = slot_get(phase, &slot_counters);
+    PyObject *counters = slot_get(phase, SLOT_COUNTERS);
     if (counters == NULL || !PyDict_CheckExact(counters)) {
         Py_XDECREF(counters);
         return counters == NULL ? -1 : 0;
@@ -151,7 +151,7 @@ add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, P
         result = within_limits(total);
     }
     if (result == 1) {
-        result = slot_increment(phase, &slot_count_calls) == 0 ? 1 : -1;
+        result = slot_increment(phase, SLOT_COUNT_CALLS) == 0 ? 1 : -1;
         for (Py_ssize_t i = 0; result == 1 && i < n; i++) {
             result = PyDict_SetItem(counters, units[i], totals[i]) < 0 ? -1 : 1;
         }
@@ -170,8 +170,8 @@ static int
 count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *const *values, Py_ssize_t n)
 {
     PyObject *phase = measured_phase(stacks, tree);
-    PyObject *first = phase != NULL ? slot_get(phase, &slot_in_first_step) : NULL;
-    PyObject *writers = first == Py_False ? slot_get(phase, &slot_counting) : NULL;
+    PyObject *first = phase != NULL ? slot_get(phase, SLOT_IN_FIRST_STEP) : NULL;
+    PyObject *writers = first == Py_False ? slot_get(phase, SLOT_COUNTING) : NULL;
     if (writers != NULL && PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0) {
         /* no Python writer is between its read and its write (they count themselves in under the lock): this
          * update, with no Python code and so no other thread running in it, needs no lock of its own */

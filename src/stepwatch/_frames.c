@@ -2,12 +2,12 @@
  * C hot path of stepwatch reads and writes (included by _speedups.c, after the names and the slots it uses).
  */
 
-/* The last stack found, and what it was found for: a ``stacks.local`` object and a thread (its state's
- * dictionary). Both are held, so that neither can be freed and another object take its address while cached:
- * a switch replaces ``stacks.local`` (a new object, so a miss), and a thread that ends leaves its dictionary
- * here, never to be matched by a new thread's. A thread-local's attribute costs about 450 instructions to read;
- * this check, a few. ``cached_values`` is the local's ``__dict__`` for that thread, once read (count()). */
-static PyObject *cached_local, *cached_thread, *cached_stack, *cached_values;
+/* The last stack found (``hot_state.cached_stack``), and what it was found for: a ``stacks.local`` object and a thread
+ * (its state's dictionary). Both are held, so that neither can be freed and another object take its address
+ * while cached: a switch replaces ``stacks.local`` (a new object, so a miss), and a thread that ends leaves its
+ * dictionary here, never to be matched by a new thread's. A thread-local's attribute costs about 450 instructions
+ * to read; this check, a few. ``hot_state.cached_values`` is the local's ``__dict__`` for that thread, once read
+ * (count()). */
 
 static PyObject *thread_stack_found(PyObject *stacks, PyObject *local, PyObject *thread);
 
@@ -15,15 +15,15 @@ static PyObject *thread_stack_found(PyObject *stacks, PyObject *local, PyObject 
 static PyObject *
 thread_stack(PyObject *stacks)
 {
-    PyObject *local = slot_get(stacks, &slot_local);
+    PyObject *local = slot_get(stacks, SLOT_LOCAL);
     if (UNLIKELY(local == NULL)) {
         return NULL;
     }
     PyObject *thread = PyThreadState_GetDict(); /* borrowed */
-    if (local == cached_local && thread == cached_thread && thread != NULL) {
+    if (local == hot_state.cached_local && thread == hot_state.cached_thread && thread != NULL) {
         Py_DECREF(local);
-        Py_INCREF(cached_stack);
-        return cached_stack;
+        Py_INCREF(hot_state.cached_stack);
+        return hot_state.cached_stack;
     }
     return thread_stack_found(stacks, local, thread);
 }
@@ -49,22 +49,20 @@ thread_stack_found(PyObject *stacks, PyObject *local, PyObject *thread)
         Py_DECREF(local);
         return stack;
     }
-    PyObject *old_local = cached_local, *old_thread = cached_thread, *old_stack = cached_stack,
-             *old_values = cached_values;
-    cached_values = NULL; /* the local's values for this thread: read again on next use */
-    cached_local = local; /* the reference taken above */
+    PyObject *old_local = hot_state.cached_local, *old_thread = hot_state.cached_thread, *old_stack = hot_state.cached_stack,
+             *old_values = hot_state.cached_values;
+    hot_state.cached_values = NULL; /* the local's values for this thread: read again on next use */
+    hot_state.cached_local = local; /* the reference taken above */
     Py_INCREF(thread);
-    cached_thread = thread;
+    hot_state.cached_thread = thread;
     Py_INCREF(stack);
-    cached_stack = stack;
+    hot_state.cached_stack = stack;
     Py_XDECREF(old_local); /* last: freeing them may run Python code */
     Py_XDECREF(old_thread);
     Py_XDECREF(old_stack);
     Py_XDECREF(old_values);
     return stack;
 }
-
-static PyObject *perf_counter_ns; /* time.perf_counter_ns */
 
 /* The default clock, ``time.perf_counter_ns``, is CLOCK_MONOTONIC on Linux, read here directly as a C integer
  * (1); 0 where the clock is another, which is called (``read_clock``). In a real step, where stepwatch is out of
@@ -74,7 +72,7 @@ read_clock_raw(PyObject *clock, long long *now_ns)
 {
 #if defined(__linux__) && defined(CLOCK_MONOTONIC)
     struct timespec now;
-    if (clock == perf_counter_ns && clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
+    if (clock == hot_state.perf_counter_ns && clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
         *now_ns = (long long)now.tv_sec * 1000000000LL + (long long)now.tv_nsec;
         return 1;
     }
@@ -179,7 +177,7 @@ append_and_fold_slowly(PyObject *stacks, PyObject *node, PyObject *list, PyObjec
 static int
 append_and_fold(PyObject *stacks, PyObject *node, PyObject *list, PyObject *item)
 {
-    if (PyList_CheckExact(list) && PyList_GET_SIZE(list) + 1 < fold_at) {
+    if (PyList_CheckExact(list) && PyList_GET_SIZE(list) + 1 < hot_state.fold_at) {
         return PyList_Append(list, item); /* the common case: the buffer not full after it */
     }
     return append_and_fold_slowly(stacks, node, list, item);
@@ -203,7 +201,7 @@ append_and_fold_slowly(PyObject *stacks, PyObject *node, PyObject *list, PyObjec
     if (size < 0) {
         return -1;
     }
-    if (size >= fold_at) {
+    if (size >= hot_state.fold_at) {
         PyObject *folded = PyObject_CallMethodOneArg(stacks, s_fold, node);
         if (folded == NULL) {
             return -1;
@@ -217,7 +215,7 @@ append_and_fold_slowly(PyObject *stacks, PyObject *node, PyObject *list, PyObjec
 static int
 record(PyObject *stacks, PyObject *node, PyObject *elapsed)
 {
-    PyObject *buf = slot_get(node, &slot_buf);
+    PyObject *buf = slot_get(node, SLOT_BUF);
     if (buf == NULL) {
         return -1;
     }
@@ -254,7 +252,7 @@ dropped_child(PyObject *children, PyObject *name)
 static PyObject *
 child_node(BlockObject *self, PyObject *parent)
 {
-    PyObject *children = slot_get(parent, &slot_children);
+    PyObject *children = slot_get(parent, SLOT_CHILDREN);
     if (UNLIKELY(children == NULL)) {
         return NULL;
     }

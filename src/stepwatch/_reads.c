@@ -49,7 +49,7 @@ static int
 record_batch(BlockObject *block, PyObject *stacks, PyObject *stack, PyObject *node, Py_ssize_t read, PyObject *start,
              PyObject *end)
 {
-    PyObject *batches = slot_get(node, &slot_batches);
+    PyObject *batches = slot_get(node, SLOT_BATCHES);
     PyObject *elapsed = batches == NULL ? NULL : difference(end, start);
     PyObject *entry = elapsed == NULL ? NULL : Py_BuildValue("(nO)", read, elapsed);
     Py_XDECREF(elapsed);
@@ -86,7 +86,7 @@ close_reads(BlockObject *block, PyObject *stacks, PyObject *local, PyObject *sta
         return -1;
     }
     int failed = 0;
-    PyObject *now_local = slot_get(stacks, &slot_local);
+    PyObject *now_local = slot_get(stacks, SLOT_LOCAL);
     if (now_local == NULL) {
         failed = 1;
     }
@@ -97,7 +97,7 @@ close_reads(BlockObject *block, PyObject *stacks, PyObject *local, PyObject *sta
         }
     }
     else if (now_local == local) {
-        PyObject *hot = slot_get(stacks, &slot_hot);
+        PyObject *hot = slot_get(stacks, SLOT_HOT);
         int is_hot = hot == NULL ? -1 : PyObject_IsTrue(hot);
         Py_XDECREF(hot);
         PyObject *unwound = is_hot > 0 ? PyObject_CallMethodObjArgs(stacks, s_unwind, stack, (PyObject *)block, NULL)
@@ -125,7 +125,7 @@ read_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
     }
     PyObject *result = NULL, *measuring = NULL, *local = NULL, *stack = NULL, *parent = NULL, *node = NULL,
              *start = NULL, *frame = NULL, *samples = NULL, *remaining = NULL;
-    measuring = slot_get(stacks, &slot_measuring);
+    measuring = slot_get(stacks, SLOT_MEASURING);
     if (measuring == NULL) {
         goto done;
     }
@@ -133,7 +133,7 @@ read_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         result = PyObject_CallFunctionObjArgs(fallback, block->sw, indices, NULL);
         goto done;
     }
-    if ((local = slot_get(stacks, &slot_local)) == NULL || (stack = thread_stack(stacks)) == NULL) {
+    if ((local = slot_get(stacks, SLOT_LOCAL)) == NULL || (stack = thread_stack(stacks)) == NULL) {
         goto done;
     }
     if ((remaining = PyObject_GetIter(indices)) == NULL) {

@@ -10,114 +10,134 @@
  * not set, is read by ``PyObject_GetAttr`` as before, so the two ways always read the same value.
  */
 
-typedef struct {
-    const char *text;   /* the attribute's name */
-    PyObject *name;     /* interned */
-    PyTypeObject *type; /* the class whose slot it is (held), or NULL before configure_slots() */
-    Py_ssize_t offset;
+/* The classes whose slots are read, and the slots. */
+enum { OF_STACKS, OF_NODE, OF_PHASE, OF_PERIODIC, SLOT_OWNERS };
+typedef enum {
+    SLOT_MEASURING, SLOT_HOT, SLOT_LOCAL,                     /* ThreadStacks */
+    SLOT_CHILDREN, SLOT_BUF, SLOT_BATCHES,                    /* Node */
+    SLOT_COUNTERS, SLOT_COUNT_CALLS, SLOT_IN_FIRST_STEP,      /* Phase */
+    SLOT_COUNTING, SLOT_LOOP_NS, SLOT_STEPS, SLOT_SCHEDULE_POS,
+    SLOT_TICKS,                                               /* PeriodicCalls */
+    SLOTS
 } Slot;
 
-/* ThreadStacks */
-static Slot slot_measuring = {"measuring"}, slot_hot = {"hot"}, slot_local = {"local"};
-/* Node */
-static Slot slot_children = {"children"}, slot_buf = {"buf"}, slot_batches = {"batches"};
-/* Phase */
-static Slot slot_counters = {"counters"}, slot_count_calls = {"count_calls"}, slot_in_first_step = {"in_first_step"},
-            slot_counting = {"counting"}, slot_loop_ns = {"loop_ns"}, slot_steps = {"steps"},
-            slot_schedule_pos = {"schedule_pos"};
-/* PeriodicCalls */
-static Slot slot_ticks = {"ticks"};
+/* Each slot's class, from its place in the list above (no memory read: a slot not known at compile time, in the
+ * functions below, costs no line of a table). */
+#define SLOT_OWNER(slot)                                                                                              \
+    ((slot) < SLOT_CHILDREN ? OF_STACKS : (slot) < SLOT_COUNTERS ? OF_NODE : (slot) < SLOT_TICKS ? OF_PHASE : OF_PERIODIC)
+
+/* Each slot's attribute name. */
+static const char *const slot_text[SLOTS] = {
+    "measuring", "hot", "local", "children", "buf", "batches", "counters", "count_calls", "in_first_step",
+    "counting", "loop_ns", "steps", "schedule_pos", "ticks",
+};
+static PyObject *slot_names[SLOTS]; /* interned, read where a slot is read by name (another type, or not set) */
+
+#if defined(__GNUC__)
+#define LINE_ALIGNED __attribute__((aligned(64)))
+#else
+#define LINE_ALIGNED
+#endif
+
+/* What the module's hot paths read of its own state, on two cache lines. Each static variable of its own lay on a
+ * line of its own more often than not (the linker places them by name and kind, not by use): a block's exit read
+ * five such lines, each cold in a real step (benchmarks/footprint.py). The first line is where the slots are (the
+ * classes, held, and the offsets: an object slot's offset is small); the second, the default clock, the thread's
+ * stack last found (_frames.c), the loops' frame owner, the int 1 and the fold size. */
+static struct {
+    PyTypeObject *types[SLOT_OWNERS]; /* NULL before configure_slots() */
+    unsigned short offsets[SLOTS];
+    PyObject *perf_counter_ns;                                          /* time.perf_counter_ns */
+    PyObject *cached_local, *cached_thread, *cached_stack, *cached_values; /* _frames.c */
+    PyObject *loop_owner; /* stepwatch._tree.LOOP: the owner of a timed loop's frames */
+    PyObject *one;        /* the int 1 (made by slots_ready) */
+    Py_ssize_t fold_at;   /* set by configure() to stepwatch._constants.FOLD */
+} hot_state LINE_ALIGNED = {.fold_at = 1024};
+
+/* The class whose slot ``slot`` is (NULL before configure_slots()), and ``obj.<slot>`` read in place, borrowed
+ * (NULL where not set; the caller has checked ``obj``'s type). */
+#define SLOT_TYPE(slot) (hot_state.types[SLOT_OWNER(slot)])
+#define SLOT_IN_PLACE(obj, slot) (*(PyObject **)((char *)(obj) + hot_state.offsets[slot]))
 
 /* ``obj.<slot>``: a new reference, or NULL with an exception. */
 static inline PyObject *
-slot_get(PyObject *obj, Slot *slot)
+slot_get(PyObject *obj, Slot slot)
 {
-    if (Py_TYPE(obj) == slot->type) {
-        PyObject *value = *(PyObject **)((char *)obj + slot->offset);
+    if (Py_TYPE(obj) == SLOT_TYPE(slot)) {
+        PyObject *value = SLOT_IN_PLACE(obj, slot);
         if (value != NULL) {
             Py_INCREF(value);
             return value;
         }
     }
-    return PyObject_GetAttr(obj, slot->name);
+    return PyObject_GetAttr(obj, slot_names[slot]);
 }
 
 /* ``obj.<slot> = value``: 0, or -1 with an exception. */
 static inline int
-slot_set(PyObject *obj, Slot *slot, PyObject *value)
+slot_set(PyObject *obj, Slot slot, PyObject *value)
 {
-    if (Py_TYPE(obj) == slot->type) {
+    if (Py_TYPE(obj) == SLOT_TYPE(slot)) {
         Py_INCREF(value);
-        Py_XSETREF(*(PyObject **)((char *)obj + slot->offset), value);
+        Py_XSETREF(SLOT_IN_PLACE(obj, slot), value);
         return 0;
     }
-    return PyObject_SetAttr(obj, slot->name, value);
+    return PyObject_SetAttr(obj, slot_names[slot], value);
 }
-
-static PyObject *one; /* the int 1 (made by slots_ready) */
 
 /* ``obj.<slot> += 1``: 0, or -1 with an exception. */
 static int
-slot_increment(PyObject *obj, Slot *slot)
+slot_increment(PyObject *obj, Slot slot)
 {
     PyObject *value = slot_get(obj, slot);
-    PyObject *more = value != NULL ? PyNumber_Add(value, one) : NULL;
+    PyObject *more = value != NULL ? PyNumber_Add(value, hot_state.one) : NULL;
     Py_XDECREF(value);
     int failed = more == NULL || slot_set(obj, slot, more) < 0;
     Py_XDECREF(more);
     return failed ? -1 : 0;
 }
 
-/* Finds ``slot`` on ``type``: 0, or -1 with an exception if it is not a writable object slot there. */
-static int
-find_slot(PyTypeObject *type, Slot *slot)
+/* ``slot``'s offset on ``type``: >= 0, or -1 with an exception if it is not a writable object slot there (at an
+ * offset that fits ``hot_state.offsets``). */
+static Py_ssize_t
+find_slot(PyTypeObject *type, Slot slot)
 {
-    PyObject *descriptor = PyObject_GetAttr((PyObject *)type, slot->name);
+    PyObject *descriptor = PyObject_GetAttr((PyObject *)type, slot_names[slot]);
     if (descriptor == NULL) {
         return -1;
     }
-    int usable = Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)descriptor)->d_common.d_type == type &&
-                 ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX;
-    if (usable) {
-        slot->offset = ((PyMemberDescrObject *)descriptor)->d_member->offset;
-        Py_INCREF(type);
-        Py_XSETREF(slot->type, type);
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
+        ((PyMemberDescrObject *)descriptor)->d_common.d_type == type &&
+        ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX &&
+        ((PyMemberDescrObject *)descriptor)->d_member->offset <= USHRT_MAX) {
+        offset = ((PyMemberDescrObject *)descriptor)->d_member->offset;
     }
     Py_DECREF(descriptor);
-    if (!usable) {
-        PyErr_Format(PyExc_TypeError, "stepwatch: %s.%s is not a slot", type->tp_name, slot->text);
-        return -1;
+    if (offset < 0) {
+        PyErr_Format(PyExc_TypeError, "stepwatch: %s.%s is not a slot", type->tp_name, slot_text[slot]);
     }
-    return 0;
+    return offset;
 }
-
-static Slot *all_slots[] = {&slot_measuring,     &slot_hot,      &slot_local,   &slot_children,
-                            &slot_buf,           &slot_counters, &slot_count_calls, &slot_in_first_step,
-                            &slot_counting,      &slot_loop_ns,  &slot_steps,       &slot_batches,
-                            &slot_schedule_pos,  &slot_ticks};
 
 /* Interns the slots' names (read by ``PyObject_GetAttr`` until configured) and makes ``one``; 0, or -1 with an
  * exception. */
 static int
 slots_ready(void)
 {
-    if (one == NULL && (one = PyLong_FromLong(1)) == NULL) {
+    if (hot_state.one == NULL && (hot_state.one = PyLong_FromLong(1)) == NULL) {
         return -1;
     }
-    for (size_t i = 0; i < sizeof(all_slots) / sizeof(all_slots[0]); i++) {
-        Slot *slot = all_slots[i];
-        if (slot->name == NULL && (slot->name = PyUnicode_InternFromString(slot->text)) == NULL) {
+    for (int slot = 0; slot < SLOTS; slot++) {
+        if (slot_names[slot] == NULL && (slot_names[slot] = PyUnicode_InternFromString(slot_text[slot])) == NULL) {
             return -1;
         }
     }
     return 0;
 }
 
-static PyObject *loop_owner; /* stepwatch._tree.LOOP: the owner of a timed loop's frames */
-
 /* configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls): where their hot-path slots are, and the loops'
- * frame owner. */
+ * frame owner. Nothing changes unless every slot is found. */
 static PyObject *
 configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -126,22 +146,27 @@ configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls)");
         return NULL;
     }
-    struct {
-        PyObject *type;
-        Slot *slot;
-    } found[] = {
-        {args[0], &slot_measuring},     {args[0], &slot_hot},           {args[0], &slot_local},
-        {args[1], &slot_children},      {args[1], &slot_buf},           {args[2], &slot_counters},
-        {args[2], &slot_count_calls},   {args[2], &slot_in_first_step}, {args[2], &slot_counting},
-        {args[2], &slot_loop_ns},       {args[2], &slot_steps},         {args[1], &slot_batches},
-        {args[2], &slot_schedule_pos},  {args[4], &slot_ticks},
-    };
-    for (size_t i = 0; i < sizeof(found) / sizeof(found[0]); i++) {
-        if (find_slot((PyTypeObject *)found[i].type, found[i].slot) < 0) {
+    PyTypeObject *owners[SLOT_OWNERS] = {(PyTypeObject *)args[0], (PyTypeObject *)args[1], (PyTypeObject *)args[2],
+                                         (PyTypeObject *)args[4]};
+    unsigned short offsets[SLOTS];
+    for (int slot = 0; slot < SLOTS; slot++) {
+        Py_ssize_t offset = find_slot(owners[SLOT_OWNER(slot)], (Slot)slot);
+        if (offset < 0) {
             return NULL;
         }
+        offsets[slot] = (unsigned short)offset;
     }
+    PyTypeObject *old[SLOT_OWNERS];
+    for (int owner = 0; owner < SLOT_OWNERS; owner++) {
+        old[owner] = hot_state.types[owner];
+        Py_INCREF(owners[owner]);
+        hot_state.types[owner] = owners[owner];
+    }
+    memcpy(hot_state.offsets, offsets, sizeof(offsets));
     Py_INCREF(args[3]);
-    Py_XSETREF(loop_owner, args[3]);
+    Py_XSETREF(hot_state.loop_owner, args[3]);
+    for (int owner = 0; owner < SLOT_OWNERS; owner++) {
+        Py_XDECREF(old[owner]); /* last: freeing a class may run Python code */
+    }
     Py_RETURN_NONE;
 }

@@ -43,8 +43,6 @@ typedef struct {
 #define UNLIKELY(condition) (condition)
 #endif
 
-static Py_ssize_t fold_at = 1024; /* set by configure() to stepwatch._constants.FOLD */
-
 static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
     *s_thread_stack, *s_track, *s_fold, *s_unwind, *s_get, *s_append, *s_remove, *s_closed_live;
 
@@ -68,7 +66,7 @@ block_stacks(BlockObject *self)
 static COLD int
 enter_switched_off(BlockObject *self, PyObject *stacks)
 {
-    PyObject *measuring = slot_get(stacks, &slot_measuring); /* read again: it may have changed since */
+    PyObject *measuring = slot_get(stacks, SLOT_MEASURING); /* read again: it may have changed since */
     if (measuring == NULL) {
         return -1;
     }
@@ -91,7 +89,7 @@ block_enter_general(BlockObject *self)
         return NULL;
     }
     PyObject *result = NULL, *measuring = NULL, *stack = NULL, *parent = NULL, *node = NULL, *start = NULL;
-    measuring = slot_get(stacks, &slot_measuring);
+    measuring = slot_get(stacks, SLOT_MEASURING);
     if (measuring == NULL) {
         goto done;
     }
@@ -170,7 +168,7 @@ block_exit_general(BlockObject *self, PyObject *const *args, Py_ssize_t nargs, c
              *elapsed = NULL;
     long long end_ns = 0;
     int raw = 0;
-    hot = slot_get(stacks, &slot_hot);
+    hot = slot_get(stacks, SLOT_HOT);
     if (hot == NULL) {
         goto done;
     }
@@ -398,7 +396,7 @@ configure(PyObject *Py_UNUSED(module), PyObject *fold)
         PyErr_SetString(PyExc_ValueError, "the fold size must be positive");
         return NULL;
     }
-    fold_at = value;
+    hot_state.fold_at = value;
     Py_RETURN_NONE;
 }
 
@@ -451,9 +449,9 @@ PyInit__speedups(void)
     if (time_module == NULL) {
         return NULL;
     }
-    Py_XSETREF(perf_counter_ns, PyObject_GetAttrString(time_module, "perf_counter_ns"));
+    Py_XSETREF(hot_state.perf_counter_ns, PyObject_GetAttrString(time_module, "perf_counter_ns"));
     Py_DECREF(time_module);
-    if (perf_counter_ns == NULL) {
+    if (hot_state.perf_counter_ns == NULL) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&speedups_module);

@@ -45,7 +45,7 @@ steady_next(SteadyLoopObject *self)
     }
     Py_CLEAR(self->body_frame);
     self->wait_frame = opened;
-    if (self->ticker != Py_None && slot_increment(self->ticker, &slot_ticks) < 0) {
+    if (self->ticker != Py_None && slot_increment(self->ticker, SLOT_TICKS) < 0) {
         return NULL;
     }
     PyObject *item = (*Py_TYPE(self->iterator)->tp_iternext)(self->iterator);
@@ -107,7 +107,7 @@ steady_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "SteadyLoop(): not an iterator");
         return NULL;
     }
-    if (loop_owner == NULL) {
+    if (hot_state.loop_owner == NULL) {
         PyErr_SetString(PyExc_TypeError, "SteadyLoop(): configure_slots() first");
         return NULL;
     }
