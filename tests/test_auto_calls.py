@@ -124,6 +124,25 @@ def test_the_compiled_wrappers_record_what_the_python_ones_do() -> None:
     assert compiled[-2] == "TRACED []"  # no timeline kept
 
 
+def test_the_compiled_wrappers_read_the_session_the_module_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``AutoCall`` reads ``_patches.session`` as handed over at each assignment of it (``share_session``):
+    what it holds is what was last assigned, by setattr or on the way back."""
+    if not _block_base.COMPILED or _block_base.share_session is None:
+        pytest.fail("the development install was expected to build the C speedups")
+    share = _block_base.share_session
+    before, marker = _patches.session, object()
+    monkeypatch.setattr(_patches, "session", marker)
+    assert share(marker) is marker  # held since the assignment
+    monkeypatch.undo()
+    assert _patches.session is before and share(before) is before
+    _patches.session = marker
+    try:
+        assert share(marker) is marker
+    finally:
+        _patches.session = before
+    assert share(before) is before
+
+
 def test_the_compiled_wrappers_run_the_blocks_of_a_kept_timeline() -> None:
     """With the timeline kept, the blocks' class (``TracedBlock``) has its own ``__exit__``: the C wrappers,
     which call a plain block's methods directly, call that one, and the timeline has every auto stage."""

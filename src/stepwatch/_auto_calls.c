@@ -1,10 +1,12 @@
 /* auto()'s wrappers of torch's calls, their common case in C (included by _speedups.c; optional, as the block is).
  *
- * ``AutoCall(kind, original, fallback, namespace, grad_enabled, inference_enabled)`` stands where auto() puts a
- * Python wrapper (stepwatch/_patches.py: ``wrap_module_call``, ``wrap_backward``, ``wrap_zero_grad``) and is
- * that wrapper's ``fallback``. A call does one of three things:
+ * ``AutoCall(kind, original, fallback, grad_enabled, inference_enabled)`` stands where auto() puts a Python
+ * wrapper (stepwatch/_patches.py: ``wrap_module_call``, ``wrap_backward``, ``wrap_zero_grad``) and is that
+ * wrapper's ``fallback``. It reads ``stepwatch._patches.session`` as ``share_session()`` hands it over at each
+ * assignment (from one cache line; the module's dictionary cost about six cold lines a call). A call does one of
+ * three things:
  *
- * - ``namespace["session"]`` is None, or (module calls, zero_grad) an auto block is open or another thread
+ * - the session is None, or (module calls, zero_grad) an auto block is open or another thread
  *   runs the loop: the original, called at once (what the Python wrapper does first, with no side effect);
  * - the common case of a training step, every condition of the Python wrapper's fast path read first: the
  *   same writes to the session in the same order, the block named by the stage entered around the original
@@ -20,7 +22,6 @@ typedef struct {
     int kind;
     PyObject *original;          /* the wrapped callable */
     PyObject *fallback;          /* the Python wrapper: every case but the common one */
-    PyObject *namespace;         /* stepwatch._patches' globals, whose ``session`` is read at every call */
     PyObject *grad_enabled;      /* torch.is_grad_enabled */
     PyObject *inference_enabled; /* torch.is_inference_mode_enabled */
     PyObject *dict;              /* __wrapped__, __name__, __doc__... (functools.update_wrapper) */
@@ -177,10 +178,7 @@ call_in_python(AutoCallObject *self, PyObject *callable, PyObject *const *args, 
 static PyObject *
 auto_call_general(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    PyObject *current = PyDict_GetItemWithError(self->namespace, s_session); /* borrowed */
-    if (current == NULL && PyErr_Occurred()) {
-        return NULL;
-    }
+    PyObject *current = hot_state.auto_session; /* borrowed */
     if (UNLIKELY(current == NULL || current == Py_None)) {
         return call_in_python(self, self->original == Py_None ? NULL : self->original, args, nargsf, kwnames);
     }
@@ -234,13 +232,12 @@ static PyObject *
 auto_call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     int kind;
-    PyObject *original, *fallback, *namespace, *grad_enabled, *inference_enabled;
+    PyObject *original, *fallback, *grad_enabled, *inference_enabled;
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "AutoCall() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "iOOO!OO:AutoCall", &kind, &original, &fallback, &PyDict_Type, &namespace,
-                          &grad_enabled, &inference_enabled)) {
+    if (!PyArg_ParseTuple(args, "iOOOO:AutoCall", &kind, &original, &fallback, &grad_enabled, &inference_enabled)) {
         return NULL;
     }
     if (kind < AUTO_MODULE_CALL || kind > AUTO_POST_STEP) {
@@ -254,7 +251,6 @@ auto_call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->kind = kind;
     self->original = Py_NewRef(original);
     self->fallback = Py_NewRef(fallback);
-    self->namespace = Py_NewRef(namespace);
     self->grad_enabled = Py_NewRef(grad_enabled);
     self->inference_enabled = Py_NewRef(inference_enabled);
     self->vectorcall = (vectorcallfunc)auto_call_vectorcall;
@@ -276,7 +272,6 @@ auto_call_traverse(AutoCallObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->original);
     Py_VISIT(self->fallback);
-    Py_VISIT(self->namespace);
     Py_VISIT(self->grad_enabled);
     Py_VISIT(self->inference_enabled);
     Py_VISIT(self->dict);
@@ -288,7 +283,6 @@ auto_call_clear(AutoCallObject *self)
 {
     Py_CLEAR(self->original);
     Py_CLEAR(self->fallback);
-    Py_CLEAR(self->namespace);
     Py_CLEAR(self->grad_enabled);
     Py_CLEAR(self->inference_enabled);
     Py_CLEAR(self->dict);
@@ -324,6 +318,16 @@ static PyTypeObject AutoCallType = {
     .tp_dealloc = (destructor)auto_call_dealloc,
 };
 
+/* share_session(session): ``stepwatch._patches.session``, handed over at each assignment (its module's class
+ * calls this), held here for the wrappers to read. Returns the one held before (None for none). */
+static PyObject *
+share_session(PyObject *Py_UNUSED(module), PyObject *session)
+{
+    PyObject *before = hot_state.auto_session;
+    hot_state.auto_session = Py_NewRef(session);
+    return before != NULL ? before : Py_NewRef(Py_None); /* the reference held, handed on */
+}
+
 /* Interns the attribute names above; 0, or -1 with an exception. */
 static int
 auto_calls_ready(void)
@@ -332,7 +336,7 @@ auto_calls_ready(void)
         PyObject **slot;
         const char *text;
     } names[] = {
-        {&s_session, "session"}, {&s_training, "training"}, {&s_by_name, "_by_name"},
+        {&s_training, "training"}, {&s_by_name, "_by_name"},
         {&s_backward, "backward"}, {&s_zero_grad, "zero_grad"}, {&s_enter, "__enter__"}, {&s_exit, "__exit__"},
         {&s_forward_stage, "forward"}, {&s_loss_stage, "loss"}, {&s_optimizers, "optimizers"},
         {&s_name, "__name__"}, {&s_optimizer, "optimizer"},

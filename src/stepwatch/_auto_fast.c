@@ -47,8 +47,6 @@ measuring_base_block(AutoStateObject *session, PyObject *stage)
     return block;
 }
 
-static PyTypeObject *session_type; /* held: the class of the sessions seen (AutoSession, an AutoState subclass) */
-
 /* Whether ``current`` is an AutoState (the session's class, remembered when it is): 1 or 0. */
 static COLD int
 is_session(PyObject *current)
@@ -57,7 +55,7 @@ is_session(PyObject *current)
         return 0;
     }
     Py_INCREF(Py_TYPE(current)); /* held, so that no other class can take its address */
-    Py_XSETREF(session_type, Py_TYPE(current));
+    Py_XSETREF(hot_state.session_type, Py_TYPE(current));
     return 1;
 }
 
@@ -67,9 +65,9 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
     if (self->kind > AUTO_ZERO_GRAD) {
         return auto_call_general(self, args, nargsf, kwnames);
     }
-    PyObject *current = PyDict_GetItemWithError(self->namespace, s_session); /* borrowed */
-    if (current == NULL || (Py_TYPE(current) != session_type && !is_session(current))) {
-        return current == NULL && PyErr_Occurred() ? NULL : auto_call_general(self, args, nargsf, kwnames);
+    PyObject *current = hot_state.auto_session; /* borrowed */
+    if (current == NULL || (Py_TYPE(current) != hot_state.session_type && !is_session(current))) {
+        return auto_call_general(self, args, nargsf, kwnames);
     }
     AutoStateObject *session = (AutoStateObject *)current;
     if (session->busy || session->loop_thread != session->ident_source ||

@@ -120,7 +120,7 @@ static PyTypeObject AutoStateType = {
     .tp_dealloc = (destructor)auto_state_dealloc,
 };
 
-static PyObject *s_session, *s_optimizers, *s_name, *s_optimizer, *s_training, *s_by_name, *s_backward, *s_zero_grad, *s_enter, *s_exit,
+static PyObject *s_optimizers, *s_name, *s_optimizer, *s_training, *s_by_name, *s_backward, *s_zero_grad, *s_enter, *s_exit,
     *s_forward_stage, *s_loss_stage;
 
 /* ``loop_thread`` (not the int last converted) converted to ``loop_ident``: 1, or 0 where it is no thread's. */
@@ -278,9 +278,6 @@ block_measuring(PyObject *block, PyObject *sw)
     return value == Py_True;
 }
 
-static PyTypeObject *base_methods_type = NULL; /* the last class found to run BlockBase's own methods */
-static unsigned int base_methods_version = 0;  /* its version tag then (a class changed since gets a new one) */
-
 /* ``runs_base_methods``'s miss: the class looked up, and remembered where it runs BlockBase's own. 1 or 0. */
 static COLD int
 finds_base_methods(PyTypeObject *type)
@@ -294,8 +291,8 @@ finds_base_methods(PyTypeObject *type)
         exit != _PyType_Lookup(&BlockBaseType, s_exit) || !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
         return 0;
     }
-    base_methods_type = type;
-    base_methods_version = type->tp_version_tag;
+    hot_state.base_methods_type = type;
+    hot_state.base_methods_version = type->tp_version_tag;
     return 1;
 }
 
@@ -307,8 +304,8 @@ static inline int
 runs_base_methods(PyObject *block)
 {
     PyTypeObject *type = Py_TYPE(block);
-    if (type == base_methods_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-        type->tp_version_tag == base_methods_version) {
+    if (type == hot_state.base_methods_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+        type->tp_version_tag == hot_state.base_methods_version) {
         return 1;
     }
     return finds_base_methods(type);

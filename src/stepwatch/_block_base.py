@@ -153,7 +153,11 @@ AutoState: type = object
 AutoSteps: Any = None
 """auto()'s loop over a DataLoader's watched batches in C (``_auto_steps.c``), where the blocks are compiled; None
 elsewhere (``_auto_steps.python_steps`` then)."""
+share_session: Callable[[Any], Any] | None = None
+"""Hands ``_patches.session`` to ``AutoCall`` at each assignment (returning the one before), where the blocks are
+compiled; None elsewhere."""
 if COMPILED:
+    from ._speedups import share_session as share_session  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import AutoCall as AutoCall  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import AutoState as AutoState  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import AutoSteps as AutoSteps  # type: ignore[import-not-found,no-redef,unused-ignore]

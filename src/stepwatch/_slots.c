@@ -39,11 +39,12 @@ static PyObject *slot_names[SLOTS]; /* interned, read where a slot is read by na
 #define LINE_ALIGNED
 #endif
 
-/* What the module's hot paths read of its own state, on two cache lines. Each static variable of its own lay on a
+/* What the module's hot paths read of its own state, on three cache lines. Each static variable of its own lay on a
  * line of its own more often than not (the linker places them by name and kind, not by use): a block's exit read
  * five such lines, each cold in a real step (benchmarks/footprint.py). The first line is where the slots are (the
  * classes, held, and the offsets: an object slot's offset is small); the second, the default clock, the thread's
- * stack last found (_frames.c), the loops' frame owner, the int 1 and the fold size. */
+ * stack last found (_frames.c), the loops' frame owner, the int 1 and the fold size; the third, what auto()'s
+ * wrappers read at every call (_auto_calls.c, _auto_fast.c, _auto_state.c). */
 static struct {
     PyTypeObject *types[SLOT_OWNERS]; /* NULL before configure_slots() */
     unsigned short offsets[SLOTS];
@@ -52,6 +53,10 @@ static struct {
     PyObject *loop_owner; /* stepwatch._tree.LOOP: the owner of a timed loop's frames */
     PyObject *one;        /* the int 1 (made by slots_ready) */
     Py_ssize_t fold_at;   /* set by configure() to stepwatch._constants.FOLD */
+    PyObject *auto_session LINE_ALIGNED; /* stepwatch._patches.session (share_session()): NULL, None or the session */
+    PyTypeObject *session_type;          /* held: the class of the sessions seen (an AutoState subclass) */
+    PyTypeObject *base_methods_type;     /* the last class found to run BlockBase's own methods (runs_base_methods) */
+    unsigned int base_methods_version;   /* its version tag then (a class changed since gets a new one) */
 } hot_state LINE_ALIGNED = {.fold_at = 1024};
 
 /* The class whose slot ``slot`` is (NULL before configure_slots()), and ``obj.<slot>`` read in place, borrowed

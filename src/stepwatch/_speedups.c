@@ -406,6 +406,7 @@ static PyMethodDef module_methods[] = {
      "configure_counts(dropped, default_phase, limit, fallback): what add_samples compares with, and hands on to."},
     {"add_samples", (PyCFunction)(void (*)(void))add_samples, METH_FASTCALL,
      "add_samples(sw, size): auto()'s count of a batch's samples (see stepwatch/_counts.c)."},
+    {"share_session", share_session, METH_O, "share_session(session): stepwatch._patches.session, for AutoCall; the one before."},
     {"swap_frame", (PyCFunction)(void (*)(void))swap_frame, METH_FASTCALL,
      "swap_frame(...): a timed loop's steady step boundary, one half (see stepwatch/_boundary.c)."},
     {"read_samples", (PyCFunction)(void (*)(void))read_samples, METH_FASTCALL,
