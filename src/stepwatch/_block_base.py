@@ -157,10 +157,10 @@ share_session: Callable[[Any], Any] | None = None
 """Hands ``_patches.session`` to ``AutoCall`` at each assignment (returning the one before), where the blocks are
 compiled; None elsewhere."""
 if COMPILED:
-    from ._speedups import share_session as share_session  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import AutoCall as AutoCall  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import AutoState as AutoState  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import AutoSteps as AutoSteps  # type: ignore[import-not-found,no-redef,unused-ignore]
+    from ._speedups import share_session as share_session  # type: ignore[import-not-found,no-redef,unused-ignore]
 
 swap_frame: Callable[..., tuple[Any, Any, int] | None] = python_swap_frame
 """A timed loop's steady step boundary, one half: :func:`python_swap_frame`, or the same in C."""
