@@ -120,8 +120,8 @@ static PyTypeObject AutoStateType = {
     .tp_dealloc = (destructor)auto_state_dealloc,
 };
 
-static PyObject *s_optimizers, *s_name, *s_optimizer, *s_training, *s_by_name, *s_backward, *s_zero_grad, *s_enter, *s_exit,
-    *s_forward_stage, *s_loss_stage;
+static PyObject *s_optimizers, *s_name, *s_optimizer, *s_training, *s_by_name, *s_backward, *s_zero_grad, *s_enter,
+    *s_exit, *s_forward_stage, *s_loss_stage;
 
 /* ``loop_thread`` (not the int last converted) converted to ``loop_ident``: 1, or 0 where it is no thread's. */
 static COLD int

@@ -44,7 +44,8 @@ configure_counts(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
 static PyObject *
 thread_values(PyObject *local)
 {
-    int cacheable = local == hot_state.cached_local && hot_state.cached_thread != NULL && PyThreadState_GetDict() == hot_state.cached_thread;
+    int cacheable = local == hot_state.cached_local && hot_state.cached_thread != NULL &&
+                    PyThreadState_GetDict() == hot_state.cached_thread;
     if (cacheable && hot_state.cached_values != NULL) {
         Py_INCREF(hot_state.cached_values);
         return hot_state.cached_values;

@@ -49,8 +49,8 @@ thread_stack_found(PyObject *stacks, PyObject *local, PyObject *thread)
         Py_DECREF(local);
         return stack;
     }
-    PyObject *old_local = hot_state.cached_local, *old_thread = hot_state.cached_thread, *old_stack = hot_state.cached_stack,
-             *old_values = hot_state.cached_values;
+    PyObject *old_local = hot_state.cached_local, *old_thread = hot_state.cached_thread;
+    PyObject *old_stack = hot_state.cached_stack, *old_values = hot_state.cached_values;
     hot_state.cached_values = NULL; /* the local's values for this thread: read again on next use */
     hot_state.cached_local = local; /* the reference taken above */
     Py_INCREF(thread);

@@ -23,8 +23,11 @@ typedef enum {
 
 /* Each slot's class, from its place in the list above (no memory read: a slot not known at compile time, in the
  * functions below, costs no line of a table). */
-#define SLOT_OWNER(slot)                                                                                              \
-    ((slot) < SLOT_CHILDREN ? OF_STACKS : (slot) < SLOT_COUNTERS ? OF_NODE : (slot) < SLOT_TICKS ? OF_PHASE : OF_PERIODIC)
+#define SLOT_OWNER(slot)                                                                                           \
+    ((slot) < SLOT_CHILDREN   ? OF_STACKS                                                                          \
+     : (slot) < SLOT_COUNTERS ? OF_NODE                                                                            \
+     : (slot) < SLOT_TICKS    ? OF_PHASE                                                                           \
+                              : OF_PERIODIC)
 
 /* Each slot's attribute name. */
 static const char *const slot_text[SLOTS] = {
