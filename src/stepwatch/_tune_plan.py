@@ -26,11 +26,10 @@ def better(candidate: Trial, best: Trial) -> bool:
 
 def preferred(candidate: Trial, incumbent: Trial) -> bool:
     """Faster per step beyond the noise; or, for the same setting with persistent workers, starting an epoch
-    faster with the two times per step within each other's noise (persistence changes nothing between epochs:
-    a difference there is chance, unless the two intervals do not even touch)."""
+    faster: persistence changes nothing within an epoch (the same worker loop; a tuning's figures pool the two
+    settings' steps), so a difference in their steps is chance."""
     if candidate.setting == replace(incumbent.setting, persistent_workers=True) != incumbent.setting:
-        slower = candidate.per_step - incumbent.per_step > candidate.noise + incumbent.noise
-        return candidate.epoch_start_s < incumbent.epoch_start_s and not slower
+        return candidate.epoch_start_s < incumbent.epoch_start_s
     return better(candidate, incumbent)
 
 
@@ -39,14 +38,14 @@ def plan(
 ) -> Generator[Setting, Trial, Setting]:
     """The search, as a generator: it yields the next setting to try and is sent its trial; it returns the
     setting chosen. ``num_workers`` is climbed from 0 (for a ``map_style`` dataset: an IterableDataset shards
-    itself across its workers) until two settings in a row gain
-    nothing beyond the noise (past the CPU count, up to twice the cores, while the best workers leave the loop
-    waiting and are themselves seen waiting rather than computing), then ``prefetch_factor`` is tried for the
-    best, then, with an accelerator in use (``pin_memory``: the program's own pinning), the other pinning, then
-    persistent workers (chosen when an epoch starts faster with them and the steps are not slower beyond the
-    noise; for a ``map_style`` dataset, whose epoch a trial can end); then the original and the best are run once
-    more, and where the setting ``conclude`` will recommend (another best, or the original where the best's
-    runs did not beat it) has a persistent variant not run yet, that is run too (``conclude`` weighs it)."""
+    itself across its workers) until two settings in a row gain nothing beyond the noise (past the CPU count, up
+    to twice the cores, while the best workers leave the loop waiting and are themselves seen waiting rather
+    than computing), then ``prefetch_factor`` is tried for the best, then, with an accelerator in use
+    (``pin_memory``: the program's own pinning), the other pinning, then persistent workers (chosen when an
+    epoch starts faster with them; for a ``map_style`` dataset, whose epoch a trial can end); then the original
+    and the best are run once more, and where the setting ``conclude`` will recommend (another best, or the
+    original where the best's runs did not beat it) has a persistent variant not run yet, that is run too: its
+    steps pool with the choice's, and a setting they leave faster beyond the noise is confirmed in turn."""
     cores = os.cpu_count() or 1
     limit = max_workers if max_workers is not None else cores
     best = yield original
@@ -91,43 +90,47 @@ def plan(
             history.append(trial)
             if preferred(trial, best):
                 best = trial
-    confirmed = False
-    for _ in range(CONFIRMATIONS):
+    confirmed, rounds = False, 0
+    while True:
         pool = Tuning(original, best.setting, tuple(history))
         fastest = min((pool.of(s) for s in dict.fromkeys(t.setting for t in history)), key=lambda t: t.per_step)
-        if fastest.setting != best.setting and better(fastest, pool.of(best.setting)):
+        if rounds < CONFIRMATIONS and fastest.setting != best.setting and better(fastest, pool.of(best.setting)):
             best = fastest  # pooled, faster than the choice beyond the noise: the one to confirm now
         elif confirmed:
-            break
+            kept_workers = _persistent_variant(pool, best.setting, map_style)
+            if kept_workers is None:
+                break
+            history.append((yield kept_workers))  # its steps pool with the choice's: the choice is weighed again
+            continue
         history.append((yield original))  # confirm: the original and the best once more
         if best.setting != original:
             history.append((yield best.setting))  # the best's figure is this run of its own
-        confirmed = True
-    pool = Tuning(original, best.setting, tuple(history))
-    final = best.setting  # what ``conclude`` will recommend: the original where the best's runs did not beat it
-    if final != original and not preferred(pool.of(final), pool.of(original)):
-        final = original
-    if map_style and final.num_workers and not final.persistent_workers:
-        setting = replace(final, persistent_workers=True)
-        if setting not in {trial.setting for trial in history}:  # its persistent variant, not run yet: run now
-            history.append((yield setting))
+        confirmed, rounds = True, rounds + 1
     return best.setting
 
 
 def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list[str], loader: str = "") -> Tuning:
     """The tuning: the search's choice, unless its runs pooled (its confirming run among them) do not beat the
-    original's beyond the noise; its persistent variant instead when that starts an epoch faster, is within the
-    choice's noise and no other setting tried beats it beyond the noise."""
+    original's beyond the noise; its persistent variant instead when that starts an epoch faster."""
     confirming = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
-    if chosen != original and not preferred(confirming.of(chosen), confirming.of(original)):
+    pooled = confirming.of
+    if chosen != original and not preferred(pooled(chosen), pooled(original)):
         chosen = original  # not confirmed: with its confirming run, it does not beat yours beyond the noise
     kept_workers = replace(chosen, persistent_workers=True)
-    tried = {trial.setting for trial in trials}
-    if kept_workers in tried - {chosen} and preferred(confirming.of(kept_workers), confirming.of(chosen)):
-        beaten = any(better(confirming.of(other), confirming.of(kept_workers)) for other in tried - {chosen})
-        if not beaten:  # pooled, within the choice's noise, and no other setting faster beyond the noise
-            chosen = kept_workers
+    if kept_workers != chosen and confirming.runs(kept_workers) and preferred(pooled(kept_workers), pooled(chosen)):
+        chosen = kept_workers  # the same steps, an epoch started faster
     return Tuning(original, chosen, tuple(trials), tuple(kept), loader)
+
+
+def _persistent_variant(pool: Tuning, best: Setting, map_style: bool) -> Setting | None:
+    """The persistent variant of what ``conclude`` will recommend (the best, or the original where the best's
+    runs do not beat it), when there is one and it has not run yet: its epoch start is what it adds, and its
+    steps, pooled with its twin's, weigh the choice again."""
+    final = best if best == pool.original or preferred(pool.of(best), pool.of(pool.original)) else pool.original
+    if not map_style or not final.num_workers or final.persistent_workers:
+        return None
+    kept_workers = replace(final, persistent_workers=True)
+    return None if pool.runs(kept_workers) else kept_workers
 
 
 def _next_workers(workers: int) -> int:

@@ -98,6 +98,11 @@ class Trial:
         return sum(self.wait_s) / total if total else 0.0
 
 
+def steady_state(setting: Setting) -> Setting:
+    """The setting without its persistence: what decides its steps (persistence decides an epoch's start)."""
+    return replace(setting, persistent_workers=None)
+
+
 @dataclass(frozen=True)
 class Tuning:
     """What ``tune`` measured: every trial in the order run (the original's and the best's confirmations
@@ -115,15 +120,24 @@ class Tuning:
         """A setting's trials, in the order run."""
         return [trial for trial in self.trials if trial.setting == setting]
 
+    def steady_runs(self, setting: Setting) -> list[Trial]:
+        """The trials whose steps a setting's figures pool: its own and its persistent (or not) twin's, in the
+        order run. Persistent workers change nothing within an epoch (the same worker loop; only an epoch's
+        start differs), so the two time the same steps, and comparing their runs compared a setting with itself
+        (the persistent one, moved by the drift between runs, was turned down in 14 tunings of 100)."""
+        twin = steady_state(setting)
+        return [trial for trial in self.trials if steady_state(trial.setting) == twin]
+
     def of(self, setting: Setting) -> Trial:
-        """A setting's figures, its trials pooled."""
+        """A setting's figures: its steps and its twin's pooled (:meth:`steady_runs`), its own epoch start."""
         runs = self.runs(setting)
         if not runs:
             raise KeyError(setting.describe())
-        steps = tuple(value for trial in runs for value in trial.step_s)
-        waits = tuple(value for trial in runs for value in trial.wait_s)
+        steady = self.steady_runs(setting)
+        steps = tuple(value for trial in steady for value in trial.step_s)
+        waits = tuple(value for trial in steady for value in trial.wait_s)
         restarts = [trial.restart_s for trial in runs if trial.restart_s is not None]
-        busy = [trial.workers_busy for trial in runs if trial.workers_busy is not None]
+        busy = [trial.workers_busy for trial in steady if trial.workers_busy is not None]
         return Trial(
             setting,
             steps,
@@ -134,22 +148,26 @@ class Tuning:
         )
 
     def measured(self, setting: Setting) -> Trial:
-        """A setting's figures as the table gives them: its trials pooled, except the best's, which is its
-        confirming run alone when it has one (the run that got it chosen is the luckiest of several, so it
-        flatters it: the winner's curse)."""
+        """A setting's figures as the table gives them: its trials pooled, except the best's steps, which are its
+        confirming run's alone when it has one (the run that got it chosen is the luckiest of several, so it
+        flatters it: the winner's curse), with the drift between runs in their noise."""
+        figures = self.of(setting)
         if setting == self.best:
-            runs = self.runs(setting)
-            if len(runs) > 1:
-                return replace(runs[-1], drift=self.drift())  # one run: another would move by the drift
-        return self.of(setting)
+            steady = self.steady_runs(setting)
+            if len(steady) > 1:
+                last = steady[-1]  # one run: another would move by the drift
+                busy = last.workers_busy
+                return replace(figures, step_s=last.step_s, wait_s=last.wait_s, workers_busy=busy, drift=self.drift())
+        return figures
 
     def drift(self) -> float:
         """The run-to-run variation of a setting's mean beyond its steps' own noise, as a share of the mean,
-        estimated from the settings run more than once (the original and the best: their confirmations). A
-        run's figure promises what another run of it gets only within both."""
+        estimated from the settings run more than once (the original and the best: their confirmations; a
+        setting and its persistent twin count as one). A run's figure promises what another run of it gets only
+        within both."""
         squares, freedom = 0.0, 0
-        for setting in dict.fromkeys(trial.setting for trial in self.trials):
-            runs = [run for run in self.runs(setting) if len(run.step_s) > 1]
+        for setting in dict.fromkeys(steady_state(trial.setting) for trial in self.trials):
+            runs = [run for run in self.steady_runs(setting) if len(run.step_s) > 1]
             if len(runs) < 2:
                 continue
             centre = statistics.fmean(run.per_step for run in runs)
