@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-READ_S = 0.004
+READ_S = 0.008
 ITERATIONS = 60
 BATCH = 4
 
