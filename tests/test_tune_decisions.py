@@ -98,6 +98,8 @@ def test_a_setting_and_its_persistent_variant_share_their_steps_and_differ_in_th
     assert tuning.best == persistent
     assert tuning.of(original).per_step == tuning.of(persistent).per_step == pytest.approx((4.6 + 6.0 + 4.95) / 3e3)
     assert tuning.of(original).epoch_start_s == 0.3 and tuning.of(persistent).epoch_start_s == 0.01
+    twins = Tuning(original, original, (trials[0], trial(persistent, 5.3, 0.01, 0.0)))
+    assert twins.drift() == pytest.approx(0.7 / 2 / 4.95 * 2**0.5, rel=0.01)  # the twins' runs: one setting run twice
     late = [*trials[:2], trial(persistent, 4.95, 0.3, 0.1), trials[3]]
     assert conclude(original, original, late, []).best == original  # no faster to start: nothing to gain
 

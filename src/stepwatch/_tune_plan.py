@@ -113,20 +113,26 @@ def conclude(original: Setting, chosen: Setting, trials: list[Trial], kept: list
     """The tuning: the search's choice, unless its runs pooled (its confirming run among them) do not beat the
     original's beyond the noise; its persistent variant instead when that starts an epoch faster."""
     confirming = Tuning(original, chosen, tuple(trials), tuple(kept), loader)
-    pooled = confirming.of
-    if chosen != original and not preferred(pooled(chosen), pooled(original)):
-        chosen = original  # not confirmed: with its confirming run, it does not beat yours beyond the noise
+    chosen = _confirmed(confirming, chosen)
     kept_workers = replace(chosen, persistent_workers=True)
+    pooled = confirming.of
     if kept_workers != chosen and confirming.runs(kept_workers) and preferred(pooled(kept_workers), pooled(chosen)):
         chosen = kept_workers  # the same steps, an epoch started faster
     return Tuning(original, chosen, tuple(trials), tuple(kept), loader)
 
 
+def _confirmed(pool: Tuning, chosen: Setting) -> Setting:
+    """``chosen``, or the original where its runs pooled (its confirming run among them) do not beat the
+    original's beyond the noise."""
+    original = pool.original
+    return chosen if chosen == original or preferred(pool.of(chosen), pool.of(original)) else original
+
+
 def _persistent_variant(pool: Tuning, best: Setting, map_style: bool) -> Setting | None:
-    """The persistent variant of what ``conclude`` will recommend (the best, or the original where the best's
-    runs do not beat it), when there is one and it has not run yet: its epoch start is what it adds, and its
-    steps, pooled with its twin's, weigh the choice again."""
-    final = best if best == pool.original or preferred(pool.of(best), pool.of(pool.original)) else pool.original
+    """The persistent variant of what ``conclude`` will recommend (:func:`_confirmed`), when there is one and it
+    has not run yet: its epoch start is what it adds, and its steps, pooled with its twin's, weigh the choice
+    again."""
+    final = _confirmed(pool, best)
     if not map_style or not final.num_workers or final.persistent_workers:
         return None
     kept_workers = replace(final, persistent_workers=True)

@@ -192,7 +192,7 @@ class Tuning:
             f" {before.per_step * 1e3:.1f} ms ({self.gain:+.1%}; each ± {max(before.noise, after.noise) * 1e3:.1f} ms)"
         )
         if self.best.persistent_workers and not self.original.persistent_workers:
-            fresh = replace(self.best, persistent_workers=None)
+            fresh = steady_state(self.best)
             if any(trial.setting == fresh for trial in self.trials):
                 text += (
                     f"; persistent workers start an epoch in {after.epoch_start_s * 1e3:.0f} ms instead of"
