@@ -282,6 +282,28 @@ def test_a_final_evaluation_after_the_last_optimizer_step_is_val_and_no_step(aut
     assert phases["val"].steps == 4 and phases["val"].stages["step/forward"].calls == 4
 
 
+def test_once_narrowed_a_forward_without_gradients_in_a_step_is_still_an_evaluation(auto: None) -> None:
+    """The compiled module-call wrapper reads torch's grad and inference modes at every call of the model it
+    knows (through their C functions): in a narrowed step, the trained model called under ``no_grad``, or
+    under ``inference_mode`` even with gradients enabled inside it, is an evaluation, not a training forward."""
+    seen = []
+
+    def body(model: nn.Module, x: torch.Tensor) -> None:
+        seen.append(None)
+        if len(seen) == 6:  # narrowed by now (LEARNING_STEPS = 2)
+            with torch.no_grad():
+                model(x)
+        elif len(seen) == 7:
+            with torch.inference_mode(), torch.enable_grad():
+                assert torch.is_grad_enabled() and torch.is_inference_mode_enabled()
+                model(x)
+
+    train(epochs=1, batches=9, body=body)
+    phases = stepwatch.summary().phases
+    assert phases["train"].steps == 8 and phases["train"].stages["step/forward"].calls == 8
+    assert phases["val"].steps == 2 and phases["val"].stages["step/forward"].calls == 2
+
+
 def test_forwards_of_a_model_never_trained_stay_in_the_step(auto: None) -> None:
     """A frozen teacher (distillation) runs under no_grad in eval mode inside every step: it is part of
     training, not an evaluation."""
@@ -389,6 +411,31 @@ def test_calls_from_another_thread_once_narrowed_are_plain_and_the_loop_goes_on(
     # nothing of the other thread's: timed there, its calls would be the phase's top-level forward and backward
     tops = {name.split("/")[0] for name in train_phase.stages}
     assert tops == {"loader", "step", "first_batch", "first_step"}, tops
+
+
+def test_a_loop_on_a_thread_of_its_own_is_broken_down_once_narrowed(auto: None) -> None:
+    """The compiled wrappers tell the loop's thread from the caller's by the interpreter's thread state (not
+    ``get_ident()`` itself): a loop run on a thread that is not the main one has every stage of every step,
+    before and after the wrappers narrow, and a call from the main thread meanwhile is none."""
+    failures: list[BaseException] = []
+    main_calls = nn.Linear(4, 2)
+
+    def run() -> None:
+        try:
+            train(epochs=1, batches=10)
+        except BaseException as error:  # reported in the main thread
+            failures.append(error)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    main_calls(torch.randn(2, 4))  # the main thread: never the loop's
+    worker.join()
+    assert not failures, failures
+    train_phase = stepwatch.summary().phases["train"]
+    assert train_phase.steps == 9  # the first step apart
+    for stage in ("forward", "loss", "backward", "optimizer", "zero_grad"):
+        assert train_phase.stages[f"step/{stage}"].calls == train_phase.steps, stage
+    assert {name.split("/")[0] for name in train_phase.stages} == {"loader", "step", "first_batch", "first_step"}
 
 
 def test_host_to_device_copies_outside_forward_are_h2d(auto: None) -> None:

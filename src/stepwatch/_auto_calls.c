@@ -132,7 +132,14 @@ pre_step(AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_Occurred() ? -1 : 0;
     }
     PyObject *entered = enter_block(block);
-    int failed = entered == NULL || PyList_Append(session->open_blocks, block) < 0;
+    PyObject *open_blocks = session->open_blocks;
+    int failed = entered == NULL;
+    if (!failed && has_room(open_blocks)) {
+        append_with_room(open_blocks, Py_NewRef(block)); /* (PyList_Append's code, cold in a real step, not run) */
+    }
+    else if (!failed) {
+        failed = PyList_Append(open_blocks, block) < 0;
+    }
     Py_XDECREF(entered);
     Py_DECREF(block);
     if (failed) {
@@ -154,12 +161,9 @@ post_step(AutoStateObject *session)
         return 0;
     }
     Py_ssize_t last = PyList_GET_SIZE(session->open_blocks) - 1;
-    PyObject *block = Py_NewRef(PyList_GET_ITEM(session->open_blocks, last));
+    PyObject *block = PyList_GET_ITEM(session->open_blocks, last); /* ``open_blocks.pop()``: its reference taken */
+    Py_SET_SIZE(session->open_blocks, last);
     session->busy--;
-    if (PyList_SetSlice(session->open_blocks, last, last + 1, NULL) < 0) {
-        Py_DECREF(block);
-        return -1;
-    }
     PyObject *exited = exit_block(block, Py_None, Py_None, Py_None);
     Py_DECREF(block);
     Py_XDECREF(exited);

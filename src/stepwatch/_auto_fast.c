@@ -71,7 +71,7 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
     }
     AutoStateObject *session = (AutoStateObject *)current;
     if (session->busy || session->loop_thread != session->ident_source ||
-        session->loop_ident != PyThread_get_thread_ident()) {
+        session->loop_ident != current_ident()) {
         return auto_call_general(self, args, nargsf, kwnames);
     }
     Py_INCREF(session); /* the checks below may run Python code */

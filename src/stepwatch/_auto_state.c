@@ -148,7 +148,7 @@ on_loop_thread(AutoStateObject *session)
     if (UNLIKELY(session->loop_thread != session->ident_source) && !convert_loop_thread(session)) {
         return 0;
     }
-    return session->loop_ident == PyThread_get_thread_ident();
+    return session->loop_ident == current_ident();
 }
 
 /* 1: the session's loop runs on this thread and no auto block is open (``not busy and loop_thread ==
@@ -159,15 +159,24 @@ free_on_this_thread(AutoStateObject *session)
     return !session->busy && on_loop_thread(session);
 }
 
-/* Whether a call of a no-argument function returns true: 1, 0, or -1. */
+/* Whether a call of a no-argument function returns true: 1, 0, or -1. Torch's ``is_grad_enabled`` and
+ * ``is_inference_mode_enabled`` are builtins taking no arguments: called through their C function at once, not
+ * through ``PyObject_CallNoArgs`` and the builtin's own dispatch (lines of code fetched cold twice a module call
+ * in a real step), and a bool read as one. */
 static int
 call_is_true(PyObject *function)
 {
-    PyObject *value = PyObject_CallNoArgs(function);
+    PyObject *value;
+    if (PyCFunction_CheckExact(function) && PyCFunction_GET_FLAGS(function) == METH_NOARGS) {
+        value = PyCFunction_GET_FUNCTION(function)(PyCFunction_GET_SELF(function), NULL);
+    }
+    else {
+        value = PyObject_CallNoArgs(function);
+    }
     if (value == NULL) {
         return -1;
     }
-    int truth = PyObject_IsTrue(value);
+    int truth = value == Py_True ? 1 : value == Py_False ? 0 : PyObject_IsTrue(value);
     Py_DECREF(value);
     return truth;
 }

@@ -60,7 +60,25 @@ static struct {
     PyTypeObject *session_type;          /* held: the class of the sessions seen (an AutoState subclass) */
     PyTypeObject *base_methods_type;     /* the last class found to run BlockBase's own methods (runs_base_methods) */
     unsigned int base_methods_version;   /* its version tag then (a class changed since gets a new one) */
+    int ident_in_thread_state;           /* the thread state's ``thread_id`` is ``get_ident()`` (checked once) */
 } hot_state LINE_ALIGNED = {.fold_at = 1024};
+
+/* ``threading.get_ident()``: read from the thread state, where a block's entry reads the thread's ``dict`` (on
+ * the same cache line), rather than through ``PyThread_get_thread_ident`` and ``pthread_self``,
+ * about nine lines of code and data fetched cold at each wrapped call of a real step (benchmarks/footprint.py).
+ * CPython sets ``thread_id`` to that ident on the thread it runs on; ``ident_ready`` checks it once. */
+static inline unsigned long
+current_ident(void)
+{
+    return LIKELY(hot_state.ident_in_thread_state) ? PyThreadState_Get()->thread_id : PyThread_get_thread_ident();
+}
+
+/* Whether this interpreter's thread state holds ``get_ident()`` (set at the module's start). */
+static void
+ident_ready(void)
+{
+    hot_state.ident_in_thread_state = PyThreadState_Get()->thread_id == PyThread_get_thread_ident();
+}
 
 /* The class whose slot ``slot`` is (NULL before configure_slots()), and ``obj.<slot>`` read in place, borrowed
  * (NULL where not set; the caller has checked ``obj``'s type). */

@@ -36,11 +36,13 @@ typedef struct {
 /* A check shared by a general path and a compact one: a copy in each, so that the compact one stays contiguous. */
 #define INLINED inline __attribute__((always_inline))
 #define UNLIKELY(condition) __builtin_expect(!!(condition), 0)
+#define LIKELY(condition) __builtin_expect(!!(condition), 1)
 #else
 #define COLD
 #define APART
 #define INLINED inline
 #define UNLIKELY(condition) (condition)
+#define LIKELY(condition) (condition)
 #endif
 
 static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
@@ -285,7 +287,7 @@ static PyObject *
 dropped_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
 {
     PyObject *inside = inside_of(self);
-    PyObject *ident = inside != NULL ? PyLong_FromUnsignedLong(PyThread_get_thread_ident()) : NULL;
+    PyObject *ident = inside != NULL ? PyLong_FromUnsignedLong(current_ident()) : NULL;
     if (ident == NULL) {
         return NULL;
     }
@@ -308,7 +310,7 @@ dropped_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *inside = inside_of(self);
-    PyObject *ident = inside != NULL ? PyLong_FromUnsignedLong(PyThread_get_thread_ident()) : NULL;
+    PyObject *ident = inside != NULL ? PyLong_FromUnsignedLong(current_ident()) : NULL;
     if (ident == NULL) {
         return NULL;
     }
@@ -447,6 +449,7 @@ PyInit__speedups(void)
         auto_steps_ready() < 0) {
         return NULL;
     }
+    ident_ready();
     PyObject *time_module = PyImport_ImportModule("time");
     if (time_module == NULL) {
         return NULL;
