@@ -1,5 +1,6 @@
 /* auto()'s wrappers of a module call, ``backward`` and ``zero_grad``: their common case, compact (included by
- * _speedups.c after _auto_calls.c, whose ``auto_call_general`` does every case and gets all this one does not).
+ * _speedups.c after _auto_calls.c, whose ``auto_call_general`` does every case and gets all this one does not);
+ * the optimizer step's hooks go to their own functions from here.
  *
  * In a real step each wrapped call fetches its code cold, and the general function, every kind and case inlined,
  * is about 1,600 bytes, with small functions beside it (the block, whether it measures, its methods, its
@@ -59,17 +60,33 @@ is_session(PyObject *current)
     return 1;
 }
 
+/* Torch's global hook before or after an optimizer step, the session known: ``pre_step`` or ``post_step`` at
+ * once, without the general function's code (fetched cold at each hook of a real step); what they leave, the
+ * Python hook. */
+static APART PyObject *
+optimizer_hook(AutoCallObject *self, AutoStateObject *session, PyObject *const *args, size_t nargsf,
+               PyObject *kwnames)
+{
+    Py_INCREF(session);
+    int done = self->kind == AUTO_PRE_STEP ? pre_step(session, args, PyVectorcall_NARGS(nargsf)) : post_step(session);
+    Py_DECREF(session);
+    if (done != 0) {
+        return done < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    return call_in_python(self, NULL, args, nargsf, kwnames);
+}
+
 static PyObject *
 auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (self->kind > AUTO_ZERO_GRAD) {
-        return auto_call_general(self, args, nargsf, kwnames);
-    }
     PyObject *current = hot_state.auto_session; /* borrowed */
     if (current == NULL || (Py_TYPE(current) != hot_state.session_type && !is_session(current))) {
         return auto_call_general(self, args, nargsf, kwnames);
     }
     AutoStateObject *session = (AutoStateObject *)current;
+    if (self->kind > AUTO_ZERO_GRAD) {
+        return optimizer_hook(self, session, args, nargsf, kwnames);
+    }
     if (session->busy || session->loop_thread != session->ident_source ||
         session->loop_ident != current_ident()) {
         return auto_call_general(self, args, nargsf, kwnames);
