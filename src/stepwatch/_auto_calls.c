@@ -177,6 +177,22 @@ call_in_python(AutoCallObject *self, PyObject *callable, PyObject *const *args, 
     return PyObject_Vectorcall(callable == NULL ? self->fallback : callable, args, nargsf, kwnames);
 }
 
+/* Torch's global hook before or after an optimizer step, the session known: ``pre_step`` or ``post_step``; what
+ * they leave, the Python hook. The compiled wrapper's entry (_auto_fast.c) calls it at once, without the general
+ * function's code (fetched cold at each hook of a real step). */
+static APART PyObject *
+optimizer_hook(AutoCallObject *self, AutoStateObject *session, PyObject *const *args, size_t nargsf,
+               PyObject *kwnames)
+{
+    Py_INCREF(session);
+    int done = self->kind == AUTO_PRE_STEP ? pre_step(session, args, PyVectorcall_NARGS(nargsf)) : post_step(session);
+    Py_DECREF(session);
+    if (done != 0) {
+        return done < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    return call_in_python(self, NULL, args, nargsf, kwnames);
+}
+
 /* Every case of a wrapped call (``auto_call_vectorcall``, _auto_fast.c, is the common one of a module call,
  * ``backward`` and ``zero_grad``, and hands it the rest); the optimizer step's hooks. */
 static PyObject *
@@ -191,13 +207,7 @@ auto_call_general(AutoCallObject *self, PyObject *const *args, size_t nargsf, Py
     }
     AutoStateObject *session = (AutoStateObject *)current;
     if (self->kind == AUTO_PRE_STEP || self->kind == AUTO_POST_STEP) {
-        Py_INCREF(session);
-        int done = self->kind == AUTO_PRE_STEP ? pre_step(session, args, PyVectorcall_NARGS(nargsf)) : post_step(session);
-        Py_DECREF(session);
-        if (done != 0) {
-            return done < 0 ? NULL : Py_NewRef(Py_None);
-        }
-        return call_in_python(self, NULL, args, nargsf, kwnames);
+        return optimizer_hook(self, session, args, nargsf, kwnames);
     }
     Py_INCREF(session);
     PyObject *result = NULL, *block = NULL, *stage = NULL;

@@ -60,22 +60,6 @@ is_session(PyObject *current)
     return 1;
 }
 
-/* Torch's global hook before or after an optimizer step, the session known: ``pre_step`` or ``post_step`` at
- * once, without the general function's code (fetched cold at each hook of a real step); what they leave, the
- * Python hook. */
-static APART PyObject *
-optimizer_hook(AutoCallObject *self, AutoStateObject *session, PyObject *const *args, size_t nargsf,
-               PyObject *kwnames)
-{
-    Py_INCREF(session);
-    int done = self->kind == AUTO_PRE_STEP ? pre_step(session, args, PyVectorcall_NARGS(nargsf)) : post_step(session);
-    Py_DECREF(session);
-    if (done != 0) {
-        return done < 0 ? NULL : Py_NewRef(Py_None);
-    }
-    return call_in_python(self, NULL, args, nargsf, kwnames);
-}
-
 static PyObject *
 auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
