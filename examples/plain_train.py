@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.01)
     args = parser.parse_args()
     torch.manual_seed(0)
+    # one compute thread, as a small model wants: threads that wait for each other at every operation would make
+    # each step's time depend on whatever else the machine runs
+    torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     criterion = nn.MSELoss()
