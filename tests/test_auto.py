@@ -304,6 +304,39 @@ def test_once_narrowed_a_forward_without_gradients_in_a_step_is_still_an_evaluat
     assert phases["val"].steps == 2 and phases["val"].stages["step/forward"].calls == 2
 
 
+def test_once_narrowed_the_models_mode_is_read_as_python_reads_it(auto: None) -> None:
+    """The compiled wrapper reads ``training`` from the model's own dictionary only while its class has no
+    attribute of that name: a class that makes it a property, even after the steps were narrowed, is read
+    through the property (which wins over the dictionary's entry, as in Python), and after it is deleted
+    the dictionary is read again."""
+
+    class Net(nn.Sequential):
+        pass
+
+    seen = []
+
+    def body(model: nn.Module, x: torch.Tensor) -> None:
+        seen.append(None)
+        if len(seen) == 6:  # narrowed by now (LEARNING_STEPS = 2)
+            Net.training = property(lambda self: False)  # type: ignore[assignment]
+            assert vars(model)["training"] is True and not model.training
+            model(x)  # with gradients, in eval mode by its class: an evaluation
+            del Net.training
+
+    torch.manual_seed(0)
+    model = Net(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    criterion, optimizer = nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8 * 9, 4), torch.randint(0, 2, (8 * 9,))), batch_size=8)
+    for x, y in loader:
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+        body(model, x)
+    phases = stepwatch.summary().phases
+    assert phases["train"].steps == 8 and phases["train"].stages["step/forward"].calls == 8
+    assert phases["val"].steps == 1 and phases["val"].stages["step/forward"].calls == 1
+
+
 def test_forwards_of_a_model_never_trained_stay_in_the_step(auto: None) -> None:
     """A frozen teacher (distillation) runs under no_grad in eval mode inside every step: it is part of
     training, not an evaluation."""

@@ -20,12 +20,12 @@
 typedef struct {
     PyObject_HEAD
     int kind;
-    PyObject *original;          /* the wrapped callable */
-    PyObject *fallback;          /* the Python wrapper: every case but the common one */
-    PyObject *grad_enabled;      /* torch.is_grad_enabled */
-    PyObject *inference_enabled; /* torch.is_inference_mode_enabled */
-    PyObject *dict;              /* __wrapped__, __name__, __doc__... (functools.update_wrapper) */
     vectorcallfunc vectorcall;
+    PyObject *original;         /* the wrapped callable */
+    NoArgsCall grad_enabled;      /* torch.is_grad_enabled */
+    NoArgsCall inference_enabled; /* torch.is_inference_mode_enabled */
+    PyObject *fallback;         /* the Python wrapper: every case but the common one */
+    PyObject *dict;             /* __wrapped__, __name__, __doc__... (functools.update_wrapper) */
 } AutoCallObject;
 
 /* The stage this call is timed under when it may be the common case of a training step (borrowed; NULL with no
@@ -52,7 +52,7 @@ common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *ar
         return NULL;
     }
     PyObject *stage = known_stage(session, module);
-    if (stage == NULL || call_is_true(self->grad_enabled) != 1 || call_is_true(self->inference_enabled) != 0) {
+    if (stage == NULL || call_is_true(&self->grad_enabled) != 1 || call_is_true(&self->inference_enabled) != 0) {
         return NULL;
     }
     return stage;
@@ -265,8 +265,8 @@ auto_call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->kind = kind;
     self->original = Py_NewRef(original);
     self->fallback = Py_NewRef(fallback);
-    self->grad_enabled = Py_NewRef(grad_enabled);
-    self->inference_enabled = Py_NewRef(inference_enabled);
+    no_args_call(&self->grad_enabled, grad_enabled);
+    no_args_call(&self->inference_enabled, inference_enabled);
     self->vectorcall = (vectorcallfunc)auto_call_vectorcall;
     return (PyObject *)self;
 }
@@ -286,8 +286,8 @@ auto_call_traverse(AutoCallObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->original);
     Py_VISIT(self->fallback);
-    Py_VISIT(self->grad_enabled);
-    Py_VISIT(self->inference_enabled);
+    Py_VISIT(self->grad_enabled.function);
+    Py_VISIT(self->inference_enabled.function);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -297,8 +297,8 @@ auto_call_clear(AutoCallObject *self)
 {
     Py_CLEAR(self->original);
     Py_CLEAR(self->fallback);
-    Py_CLEAR(self->grad_enabled);
-    Py_CLEAR(self->inference_enabled);
+    clear_no_args_call(&self->grad_enabled);
+    clear_no_args_call(&self->inference_enabled);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -350,7 +350,7 @@ auto_calls_ready(void)
         PyObject **slot;
         const char *text;
     } names[] = {
-        {&s_training, "training"}, {&s_by_name, "_by_name"},
+        {&s_training, "training"}, {&s_getattribute, "__getattribute__"}, {&s_by_name, "_by_name"},
         {&s_backward, "backward"}, {&s_zero_grad, "zero_grad"}, {&s_enter, "__enter__"}, {&s_exit, "__exit__"},
         {&s_forward_stage, "forward"}, {&s_loss_stage, "loss"}, {&s_optimizers, "optimizers"},
         {&s_name, "__name__"}, {&s_optimizer, "optimizer"},

@@ -100,7 +100,8 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
         Py_DECREF(result);
         result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
         if (result != NULL) {
-            PyObject *exited = exit_block(block, Py_None, Py_None, Py_None); /* (its class may have changed) */
+            PyObject *none[3] = {Py_None, Py_None, Py_None}; /* BlockBase's __exit__, as found at the entry */
+            PyObject *exited = block_exit((BlockObject *)block, none, 3);
             if (exited == NULL) {
                 Py_CLEAR(result);
             }

@@ -120,8 +120,8 @@ static PyTypeObject AutoStateType = {
     .tp_dealloc = (destructor)auto_state_dealloc,
 };
 
-static PyObject *s_optimizers, *s_name, *s_optimizer, *s_training, *s_by_name, *s_backward, *s_zero_grad, *s_enter,
-    *s_exit, *s_forward_stage, *s_loss_stage;
+static PyObject *s_optimizers, *s_name, *s_optimizer, *s_training, *s_getattribute, *s_by_name, *s_backward,
+    *s_zero_grad, *s_enter, *s_exit, *s_forward_stage, *s_loss_stage;
 
 /* ``loop_thread`` (not the int last converted) converted to ``loop_ident``: 1, or 0 where it is no thread's. */
 static COLD int
@@ -159,21 +159,45 @@ free_on_this_thread(AutoStateObject *session)
     return !session->busy && on_loop_thread(session);
 }
 
-/* Whether a call of a no-argument function returns true: 1, 0, or -1. Torch's ``is_grad_enabled`` and
- * ``is_inference_mode_enabled`` are builtins taking no arguments: called through their C function at once, not
- * through ``PyObject_CallNoArgs`` and the builtin's own dispatch (lines of code fetched cold twice a module call
- * in a real step), and a bool read as one. */
-static int
-call_is_true(PyObject *function)
+/* A function of no arguments called at each module call (torch's ``is_grad_enabled`` and
+ * ``is_inference_mode_enabled``, builtins taking no arguments): for a builtin, its C function and ``self``, read
+ * once when the wrapper is made, so that a call reads neither the builtin nor its method table, nor goes through
+ * ``PyObject_CallNoArgs`` and the builtin's dispatch (lines of code and data fetched cold twice a module call in
+ * a real step). A builtin's function and ``self`` never change. */
+typedef struct {
+    PyCFunction c_function; /* NULL: not such a builtin, ``function`` is called */
+    PyObject *c_self;       /* borrowed: ``function`` holds it */
+    PyObject *function;
+} NoArgsCall;
+
+static void
+no_args_call(NoArgsCall *call, PyObject *function)
 {
-    PyObject *value;
-    if (PyCFunction_CheckExact(function) && PyCFunction_GET_FLAGS(function) == METH_NOARGS) {
-        value = PyCFunction_GET_FUNCTION(function)(PyCFunction_GET_SELF(function), NULL);
-    }
-    else {
-        value = PyObject_CallNoArgs(function);
-    }
+    int builtin = PyCFunction_CheckExact(function) && PyCFunction_GET_FLAGS(function) == METH_NOARGS;
+    call->c_function = builtin ? PyCFunction_GET_FUNCTION(function) : NULL;
+    call->c_self = builtin ? PyCFunction_GET_SELF(function) : NULL;
+    call->function = Py_NewRef(function);
+}
+
+static void
+clear_no_args_call(NoArgsCall *call)
+{
+    call->c_function = NULL;
+    call->c_self = NULL;
+    Py_CLEAR(call->function);
+}
+
+/* Whether the call returns true: 1, 0, or -1 (a bool read as one). */
+static int
+call_is_true(const NoArgsCall *call)
+{
+    PyObject *value = call->c_function != NULL ? call->c_function(call->c_self, NULL)
+                      : call->function != NULL ? PyObject_CallNoArgs(call->function)
+                                               : NULL;
     if (value == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "AutoCall: cleared");
+        }
         return -1;
     }
     int truth = value == Py_True ? 1 : value == Py_False ? 0 : PyObject_IsTrue(value);
@@ -205,6 +229,49 @@ referent(PyObject *reference)
     return object;
 }
 
+/* ``dict_training``'s miss: whether instances of ``type`` keep ``training`` in their dictionary (no attribute of
+ * that name on the class, ``object``'s own ``__getattribute__``), the class then remembered. 1 or 0. */
+static COLD int
+finds_dict_attrs(PyTypeObject *type)
+{
+    PyObject *getattribute = _PyType_Lookup(type, s_getattribute); /* borrowed; assigns a version tag */
+    if (_PyType_Lookup(type, s_training) != NULL || getattribute == NULL ||
+        getattribute != _PyType_Lookup(&PyBaseObject_Type, s_getattribute) ||
+        !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return 0;
+    }
+    hot_state.dict_attrs_type = type;
+    hot_state.dict_attrs_version = type->tp_version_tag;
+    return 1;
+}
+
+/* ``module.training`` (an nn.Module's mode): 1, 0, or -1. Read from the instance's dictionary where its class
+ * keeps it there, as ``object.__getattribute__`` finds it, without the lookups of nn.Module's ``__getattr__``
+ * hook (``__getattribute__`` and ``__getattr__`` on the class, then ``training`` on it: lines of the type cache
+ * fetched cold at each forward of a real step); anything else (no such entry, not a bool) through
+ * ``PyObject_GetAttr``. */
+static INLINED int
+module_training(PyObject *module)
+{
+    PyTypeObject *type = Py_TYPE(module);
+    if ((type == hot_state.dict_attrs_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+         type->tp_version_tag == hot_state.dict_attrs_version) ||
+        finds_dict_attrs(type)) {
+        PyObject **dict = _PyObject_GetDictPtr(module);
+        PyObject *value = dict != NULL && *dict != NULL ? PyDict_GetItemWithError(*dict, s_training) : NULL;
+        if (value == Py_True || value == Py_False) {
+            return value == Py_True;
+        }
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    PyObject *training = PyObject_GetAttr(module, s_training);
+    int truth = training == NULL ? -1 : PyObject_IsTrue(training);
+    Py_XDECREF(training);
+    return truth;
+}
+
 /* The stage of a module call known without module_stage: "forward" for the session's steady model called
  * in training mode, "loss" for its steady loss module (borrowed; NULL with no exception: not known). */
 static INLINED PyObject *
@@ -213,10 +280,7 @@ known_stage(AutoStateObject *session, PyObject *module)
     PyObject *stage = NULL;
     PyObject *model = referent(session->steady_forward);
     if (model == module) {
-        PyObject *training = PyObject_GetAttr(module, s_training);
-        int truth = training == NULL ? -1 : PyObject_IsTrue(training);
-        Py_XDECREF(training);
-        stage = truth > 0 ? s_forward_stage : NULL;
+        stage = module_training(module) > 0 ? s_forward_stage : NULL;
     }
     else if (!PyErr_Occurred()) {
         PyObject *loss = referent(session->steady_loss);

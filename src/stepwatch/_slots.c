@@ -60,6 +60,8 @@ static struct {
     PyTypeObject *session_type;          /* held: the class of the sessions seen (an AutoState subclass) */
     PyTypeObject *base_methods_type;     /* the last class found to run BlockBase's own methods (runs_base_methods) */
     unsigned int base_methods_version;   /* its version tag then (a class changed since gets a new one) */
+    PyTypeObject *dict_attrs_type; /* the last class found to keep ``training`` in its instances' dictionary */
+    unsigned int dict_attrs_version; /* its version tag then */
     int ident_in_thread_state;           /* the thread state's ``thread_id`` is ``get_ident()`` (checked once) */
 } hot_state LINE_ALIGNED = {.fold_at = 1024};
 
