@@ -236,13 +236,10 @@ finds_dict_attrs(PyTypeObject *type)
 {
     PyObject *getattribute = _PyType_Lookup(type, s_getattribute); /* borrowed; assigns a version tag */
     if (_PyType_Lookup(type, s_training) != NULL || getattribute == NULL ||
-        getattribute != _PyType_Lookup(&PyBaseObject_Type, s_getattribute) ||
-        !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        getattribute != _PyType_Lookup(&PyBaseObject_Type, s_getattribute)) {
         return 0;
     }
-    hot_state.dict_attrs_type = type;
-    hot_state.dict_attrs_version = type->tp_version_tag;
-    return 1;
+    return remember_class(&hot_state.dict_attrs, type);
 }
 
 /* ``module.training`` (an nn.Module's mode): 1, 0, or -1. Read from the instance's dictionary where its class
@@ -253,9 +250,7 @@ static INLINED int
 module_training(PyObject *module)
 {
     PyTypeObject *type = Py_TYPE(module);
-    if ((type == hot_state.dict_attrs_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-         type->tp_version_tag == hot_state.dict_attrs_version) ||
-        finds_dict_attrs(type)) {
+    if (is_known_class(&hot_state.dict_attrs, type) || finds_dict_attrs(type)) {
         PyObject **dict = _PyObject_GetDictPtr(module);
         PyObject *value = dict != NULL && *dict != NULL ? PyDict_GetItemWithError(*dict, s_training) : NULL;
         if (value == Py_True || value == Py_False) {
@@ -360,12 +355,10 @@ finds_base_methods(PyTypeObject *type)
     PyObject *enter = _PyType_Lookup(type, s_enter); /* borrowed; assigns the class a version tag */
     PyObject *exit = _PyType_Lookup(type, s_exit);
     if (enter == NULL || exit == NULL || enter != _PyType_Lookup(&BlockBaseType, s_enter) ||
-        exit != _PyType_Lookup(&BlockBaseType, s_exit) || !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        exit != _PyType_Lookup(&BlockBaseType, s_exit)) {
         return 0;
     }
-    hot_state.base_methods_type = type;
-    hot_state.base_methods_version = type->tp_version_tag;
-    return 1;
+    return remember_class(&hot_state.base_methods, type);
 }
 
 /* Whether ``block``'s __enter__ and __exit__ are BlockBase's own, its class (``Block``, a Python subclass) not
@@ -376,11 +369,7 @@ static inline int
 runs_base_methods(PyObject *block)
 {
     PyTypeObject *type = Py_TYPE(block);
-    if (type == hot_state.base_methods_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-        type->tp_version_tag == hot_state.base_methods_version) {
-        return 1;
-    }
-    return finds_base_methods(type);
+    return is_known_class(&hot_state.base_methods, type) || finds_base_methods(type);
 }
 
 /* ``block.__enter__()``: a new reference, or NULL with an exception. */

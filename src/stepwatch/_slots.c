@@ -42,6 +42,13 @@ static PyObject *slot_names[SLOTS]; /* interned, read where a slot is read by na
 #define LINE_ALIGNED
 #endif
 
+/* A class remembered with its version tag: one changed since (its class dictionary or a base's), or another class
+ * at its address, has another tag, so a remembered finding about the class still holds while the two match. */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+} KnownClass;
+
 /* What the module's hot paths read of its own state, on three cache lines. Each static variable of its own lay on a
  * line of its own more often than not (the linker places them by name and kind, not by use): a block's exit read
  * five such lines, each cold in a real step (benchmarks/footprint.py). The first line is where the slots are (the
@@ -58,12 +65,31 @@ static struct {
     Py_ssize_t fold_at;   /* set by configure() to stepwatch._constants.FOLD */
     PyObject *auto_session LINE_ALIGNED; /* stepwatch._patches.session (share_session()): NULL, None or the session */
     PyTypeObject *session_type;          /* held: the class of the sessions seen (an AutoState subclass) */
-    PyTypeObject *base_methods_type;     /* the last class found to run BlockBase's own methods (runs_base_methods) */
-    unsigned int base_methods_version;   /* its version tag then (a class changed since gets a new one) */
-    PyTypeObject *dict_attrs_type; /* the last class found to keep ``training`` in its instances' dictionary */
-    unsigned int dict_attrs_version; /* its version tag then */
+    KnownClass base_methods;             /* the last class found to run BlockBase's own methods (runs_base_methods) */
+    KnownClass dict_attrs;               /* the last class found to keep ``training`` in its instances' dictionary */
     int ident_in_thread_state;           /* the thread state's ``thread_id`` is ``get_ident()`` (checked once) */
 } hot_state LINE_ALIGNED = {.fold_at = 1024};
+
+/* Whether ``type`` is the class ``known`` remembers, unchanged since: 1 or 0. */
+static inline int
+is_known_class(const KnownClass *known, PyTypeObject *type)
+{
+    return type == known->type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+           type->tp_version_tag == known->version;
+}
+
+/* Remembers ``type`` in ``known`` where it has a valid version tag (a lookup on it has just assigned one): 1, or 0
+ * where it has none (then nothing is remembered). */
+static int
+remember_class(KnownClass *known, PyTypeObject *type)
+{
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return 0;
+    }
+    known->type = type;
+    known->version = type->tp_version_tag;
+    return 1;
+}
 
 /* ``threading.get_ident()``: read from the thread state, where a block's entry reads the thread's ``dict`` (on
  * the same cache line), rather than through ``PyThread_get_thread_ident`` and ``pthread_self``,
