@@ -6,29 +6,38 @@ runs three ways, in alternating order within each repeat: plain (stepwatch off, 
 ``stepwatch.auto()`` (what ``stepwatch run`` and ``STEPWATCH=auto`` do, in this process so that interpreter
 start-up does not drown the per-step figure), and with the same stages written by hand (``watch`` and
 ``timed``), plus the plain loop once more as the noise floor, in a shuffled order within each repeat. Medians
-of the paired differences over repeats resist the machine's drift. Writes
-``benchmarks/results/auto.json`` and prints the figures.
+of the paired differences over repeats resist the machine's drift. Each run is timed over the whole run (its
+start in it: the first batch, ``auto()``'s learning steps, stepwatch's own cost measured in place, spread over
+``--steps``) and over its steady state, from the end of step ``WARM_STEPS`` (what each further step of a long
+training pays); the targets are given for both. ``--collector paused`` collects before each run and disables
+the garbage collector during it (where a full collection falls moves a run by more than stepwatch's cost).
+Writes ``benchmarks/results/auto.json`` and prints the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
+from stepwatch._self_cost import IN_SITU
 
 RESULTS = Path(__file__).resolve().parent / "results"
+WARM_STEPS = IN_SITU + 8
+"""Steps before the steady state, as in ``scaling.py``."""
 
 
 def build(steps: int) -> tuple[nn.Module, Any, Any, DataLoader[Any]]:
@@ -40,20 +49,35 @@ def build(steps: int) -> tuple[nn.Module, Any, Any, DataLoader[Any]]:
     return model, optimizer, nn.MSELoss(), DataLoader(data, batch_size=64)
 
 
-def plain(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any]) -> float:
-    """The program as its author wrote it: nanoseconds per step."""
+class Run(NamedTuple):
+    """One run's nanoseconds per step: over the whole run, and over its steady state (from the end of step
+    ``WARM_STEPS`` to the end of the last: what each further step of a long training pays, past the loop's
+    first batch, ``auto()``'s learning steps and the steps on which stepwatch measures its own cost)."""
+
+    whole: float
+    steady: float
+
+
+def timed_run(loop: Callable[[list[int]], None], steps: int) -> Run:
+    """Runs ``loop(marks)``, which appends the clock at the end of each step (every way alike)."""
+    marks: list[int] = []
     start = time.perf_counter_ns()
+    loop(marks)
+    return Run((marks[-1] - start) / steps, (marks[-1] - marks[WARM_STEPS - 1]) / (steps - WARM_STEPS))
+
+
+def plain(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any], marks: list[int]) -> None:
+    """The program as its author wrote it."""
     for x, y in loader:
         loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return (time.perf_counter_ns() - start) / len(loader)
+        marks.append(time.perf_counter_ns())
 
 
-def by_hand(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any]) -> float:
+def by_hand(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any], marks: list[int]) -> None:
     """The same stages, written by hand with stepwatch's API."""
-    start = time.perf_counter_ns()
     for x, y in stepwatch.watch(loader):
         with stepwatch.timed("forward"):
             out = model(x)
@@ -66,100 +90,124 @@ def by_hand(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader
         with stepwatch.timed("zero_grad"):
             optimizer.zero_grad()
         stepwatch.count(samples=len(y))
-    return (time.perf_counter_ns() - start) / len(loader)
+        marks.append(time.perf_counter_ns())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=200, help="training steps per run")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument(
+        "--collector",
+        choices=("on", "paused"),
+        default="on",
+        help="the garbage collector during each run: as the loop has it, or paused (collected before the run)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "auto.json"))
     args = parser.parse_args()
+    if args.steps < WARM_STEPS + 10:
+        parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
     model, optimizer, criterion, loader = build(args.steps)
 
-    def run(way: str) -> float:
+    def loop(way: str, marks: list[int]) -> None:
         if way == "plain":
-            return plain(model, optimizer, criterion, loader)
+            plain(model, optimizer, criterion, loader, marks)
+            return
         if way == "auto":
             stepwatch.auto()
             try:
-                return plain(model, optimizer, criterion, loader)  # the very same code, patched
+                plain(model, optimizer, criterion, loader, marks)  # the very same code, patched
             finally:
                 stepwatch.auto(False)
                 stepwatch.disable()
+            return
         stepwatch.enable()
         try:
-            return by_hand(model, optimizer, criterion, loader)
+            by_hand(model, optimizer, criterion, loader, marks)
         finally:
             stepwatch.disable()
 
+    def run(way: str) -> Run:
+        if args.collector == "paused":
+            gc.collect()
+            gc.disable()
+        try:
+            return timed_run(lambda marks: loop(way.removesuffix(" again"), marks), len(loader))
+        finally:
+            gc.enable()
+
     ways = ["plain", "plain again", "auto", "by hand"]
     for way in ways:  # warm every path once
-        run(way.removesuffix(" again"))
-    times: dict[str, list[float]] = {way: [] for way in ways}
+        run(way)
+    times: dict[str, list[Run]] = {way: [] for way in ways}
     shuffle = random.Random(0).shuffle
     for _ in range(args.repeats):
         order = list(ways)
         shuffle(order)  # in a fixed order, whatever runs after a stepwatch run was 0.7% slower or faster
-        this = {way: run(way.removesuffix(" again")) for way in order}
+        this = {way: run(way) for way in order}
         for way in ways:
             times[way].append(this[way])
         stepwatch.reset()
+    estimates = own_estimates(model, optimizer, criterion, loader)
+    result: dict[str, Any] = {}
+    for span, suffix in (("whole", ""), ("steady", "_steady")):
+        result.update(span_figures(times, span, suffix, estimates))
+    result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    result["config"] = {"steps": args.steps, "repeats": args.repeats, "collector": args.collector}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for span, suffix in (("whole run", ""), (f"steady state (after step {WARM_STEPS})", "_steady")):
+        print(f"over the {span}, the garbage collector {args.collector}:")
+        for name, value in result[f"figures{suffix}"].items():
+            print(f"  {name:48s} {value / 1e3:10.1f} µs")
+        for name, value in result[f"own_cost_estimate{suffix}"].items():
+            print(f"  {name:48s} {value:10.2%}")
+        for name, target in result[f"targets{suffix}"].items():
+            met = "met" if target["met"] else "NOT met"
+            print(f"  {name:60s} {target['value']:8.4f}  limit {target['limit']:6.3f}  {met}")
+
+
+def span_figures(
+    times: dict[str, list[Run]], span: str, suffix: str, estimates: dict[str, float]
+) -> dict[str, dict[str, Any]]:
+    """The paired medians, shares and targets over one span of the runs (``whole`` or ``steady``)."""
+    per_way = {way: [getattr(run, span) for run in runs] for way, runs in times.items()}
 
     def added_to_plain(way: str) -> float:
-        return statistics.median(t - p for t, p in zip(times[way], times["plain"], strict=True))
+        return statistics.median(t - p for t, p in zip(per_way[way], per_way["plain"], strict=True))
 
-    step = statistics.median(times["plain"])
+    step = statistics.median(per_way["plain"])
     added = added_to_plain("auto")
     figures = {
         "step_ns_plain": step,
-        "step_ns_auto": statistics.median(times["auto"]),
-        "step_ns_by_hand": statistics.median(times["by hand"]),
+        "step_ns_auto": statistics.median(per_way["auto"]),
+        "step_ns_by_hand": statistics.median(per_way["by hand"]),
         "auto_added_ns_per_step_median_paired": added,
         "by_hand_added_ns_per_step_median_paired": added_to_plain("by hand"),
         "auto_minus_by_hand_ns_per_step_median_paired": statistics.median(
-            a - h for a, h in zip(times["auto"], times["by hand"], strict=True)
+            a - h for a, h in zip(per_way["auto"], per_way["by hand"], strict=True)
         ),
         "noise_floor_plain_again_minus_plain_ns": added_to_plain("plain again"),
     }
     share = added / step
     hand_share = added_to_plain("by hand") / step
-    estimates = own_estimates(model, optimizer, criterion, loader)
-    figures_shares = {
+    shares = {
         "auto: measured share": share,
         "auto: stepwatch's own estimate": estimates["auto"],
         "by hand: measured share": hand_share,
         "by hand: stepwatch's own estimate": estimates["by hand"],
     }
-    result = {
-        "figures": figures,
-        "own_cost_estimate": figures_shares,
-        "targets": {
-            "auto adds < 1% of the step": {"value": share, "limit": 0.01, "met": share < 0.01},
-            "by hand adds < 0.5% of the step": {"value": hand_share, "limit": 0.005, "met": hand_share < 0.005},
-            **{
-                f"{way}: the own-cost estimate within 2x of the measured": {
-                    "value": ratio,
-                    "limit": 2.0,
-                    "met": 0.5 <= ratio <= 2.0,
-                }
-                for way, ratio in (
-                    ("auto", estimates["auto"] / share if share > 0 else float("inf")),
-                    ("by hand", estimates["by hand"] / hand_share if hand_share > 0 else float("inf")),
-                )
-            },
-        },
-        "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
-        "config": {"steps": args.steps, "repeats": args.repeats},
+    targets = {
+        "auto adds < 1% of the step": {"value": share, "limit": 0.01, "met": share < 0.01},
+        "by hand adds < 0.5% of the step": {"value": hand_share, "limit": 0.005, "met": hand_share < 0.005},
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    for name, value in figures.items():
-        print(f"{name:48s} {value / 1e3:10.1f} µs")
-    for name, value in figures_shares.items():
-        print(f"{name:48s} {value:10.2%}")
-    for name, target in result["targets"].items():
-        met = "met" if target["met"] else "NOT met"
-        print(f"{name:60s} {target['value']:8.4f}  limit {target['limit']:6.3f}  {met}")
+    if span == "whole":  # the report's estimate is over a whole run
+        for way, ratio in (
+            ("auto", estimates["auto"] / share if share > 0 else float("inf")),
+            ("by hand", estimates["by hand"] / hand_share if hand_share > 0 else float("inf")),
+        ):
+            name = f"{way}: the own-cost estimate within 2x of the measured"
+            targets[name] = {"value": ratio, "limit": 2.0, "met": 0.5 <= ratio <= 2.0}
+    return {f"figures{suffix}": figures, f"own_cost_estimate{suffix}": shares, f"targets{suffix}": targets}
 
 
 def own_estimates(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any]) -> dict[str, float]:
@@ -171,11 +219,11 @@ def own_estimates(model: nn.Module, optimizer: Any, criterion: Any, loader: Data
         stepwatch.reset()
         if way == "auto":
             stepwatch.auto()
-            plain(model, optimizer, criterion, loader)
+            plain(model, optimizer, criterion, loader, [])
             stepwatch.auto(False)
         else:
             stepwatch.enable()
-            by_hand(model, optimizer, criterion, loader)
+            by_hand(model, optimizer, criterion, loader, [])
         estimates[way] = own_share(stepwatch.summary()) or 0.0
         stepwatch.disable()
     stepwatch.reset()

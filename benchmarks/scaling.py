@@ -17,7 +17,11 @@ are about the second; the first is printed beside it. Each run also counts Pytho
 the time they took (``Collector``): at batch 1024 without workers they are a third of the plain step, so the
 watch() table says, beside the time, whether stepwatch changed how much the collector did, and what the steady
 state added outside the collections (their time taken out of each run's: where a run's full collections fall
-moves its time by far more than stepwatch's cost).
+moves its time by far more than stepwatch's cost). Since stepwatch leaves the collector's work as it was, the
+watch() and model tables are measured twice (``--collector on,paused``): with the collector as the loop has it,
+and paused (everything collected before each run, the collector disabled during it), where what remains is what
+stepwatch adds to the rest of the step. Every table has a noise floor beside its figures: the plain loop run
+once more (``plain_again``), paired against the plain loop as the other ways are.
 
 Writes ``benchmarks/results/scaling.json`` and prints the tables. Figures are microseconds added per step.
 """
@@ -55,16 +59,18 @@ SPANS = {"run": "step_ns", "steady": "steady_step_ns", "steady_outside_collector
 """What each run's time per step is taken over -> the figures' names (their paired differences: ``added_ns``)."""
 
 
-def paired(ways: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dict[str, float]:
+def paired(ways: dict[str, Callable[[], dict[str, float]]], repeats: int, collector: str) -> dict[str, float]:
     """Each way's medians (whole run and steady state), and each non-plain way's median paired differences
-    against ``plain`` (ns/step)."""
+    against ``plain`` (ns/step); ``plain_again`` among the ways is the noise floor. ``collector``: ``"on"``, as
+    the loop has it, or ``"paused"`` (collected before each run, disabled during it)."""
+    ways = {**ways, "plain_again": ways["plain"]}
     for run in ways.values():  # warm every path once
         run()
     times: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
     names = list(ways)
     for repeat in range(repeats):
         order = names if repeat % 2 else list(reversed(names))
-        this = {way: ways[way]() for way in order}
+        this = {way: run_with_collector(ways[way], collector) for way in order}
         for way in names:
             times[way].append(this[way])
         stepwatch.reset()
@@ -80,6 +86,22 @@ def paired(ways: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dic
                     run[span] - plain[span] for run, plain in zip(runs, times["plain"], strict=True)
                 )
     return figures
+
+
+def run_with_collector(run: Callable[[], dict[str, float]], collector: str) -> dict[str, float]:
+    """One run, the garbage collector as the loop has it (``"on"``) or ``"paused"``: everything collected before
+    the run and the collector disabled during it, so that no collection falls inside it. Where a run's
+    collections fall moves its time by far more than stepwatch's cost (a full one walks every object of the
+    process, torch's mostly, and leaves the caches cold); ``watch()`` and ``auto()`` leave the collector's work
+    as it was (the "on" tables count it), so with it paused what remains is what they add to the rest."""
+    if collector == "on":
+        return run()
+    gc.collect()
+    gc.disable()
+    try:
+        return run()
+    finally:
+        gc.enable()
 
 
 def per_step(loop: Callable[[AfterStep], int]) -> dict[str, float]:
@@ -133,7 +155,7 @@ class Collector:
             self.spent_ns += time.perf_counter_ns() - self._started
 
 
-def loader_table(steps: int, repeats: int, workers: int) -> dict[str, dict[str, float]]:
+def loader_table(steps: int, repeats: int, workers: int, collector: str) -> dict[str, dict[str, float]]:
     table = {}
     for batch in BATCHES:
         data = TensorDataset(torch.randn(batch * steps, 8), torch.randn(batch * steps, 1))
@@ -156,7 +178,9 @@ def loader_table(steps: int, repeats: int, workers: int) -> dict[str, dict[str, 
             finally:
                 stepwatch.disable()
 
-        table[str(batch)] = paired({"plain": lambda: per_step(plain), "watch": lambda: per_step(watched)}, repeats)
+        table[str(batch)] = paired(
+            {"plain": lambda: per_step(plain), "watch": lambda: per_step(watched)}, repeats, collector
+        )
         del plain_loader, watched_loader
     return table
 
@@ -226,8 +250,8 @@ def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], dict[str, floa
     return {"plain": lambda: per_step(plain), "auto": auto, "by_hand": hand}
 
 
-def model_table(steps: int, repeats: int) -> dict[str, dict[str, float]]:
-    return {str(calls): paired(model_ways(blocks, steps), repeats) for calls, blocks in BLOCKS.items()}
+def model_table(steps: int, repeats: int, collector: str) -> dict[str, dict[str, float]]:
+    return {str(calls): paired(model_ways(blocks, steps), repeats, collector) for calls, blocks in BLOCKS.items()}
 
 
 def device_run(steps: int, repeats: int) -> dict[str, float]:
@@ -263,51 +287,84 @@ def collected(figures: dict[str, float], way: str) -> str:
     return f"{figures[f'{way}_collector_per_step'] / 1e3:.0f} ({figures[f'{way}_collections_per_step']:.2f})"
 
 
+COLLECTOR_KEYS = {"on": "", "paused": "_collector_paused"}
+"""A table's key suffix in the results, by the collector's mode."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=100, help="training steps per run")
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--workers", default="0,2", help="worker counts of the watch() table")
     parser.add_argument("--parts", default="watch,model,device", help="which tables to measure")
+    parser.add_argument(
+        "--collector", default="on,paused", help="the garbage collector's modes: on (as the loop has it), paused"
+    )
     parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
     args = parser.parse_args()
     if args.steps < WARM_STEPS + 10:
         parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
+    modes = args.collector.split(",")
+    if not modes or any(mode not in COLLECTOR_KEYS for mode in modes):
+        parser.error(f"--collector takes a comma-separated list of {', '.join(COLLECTOR_KEYS)}")
     torch.set_num_threads(1)
     parts = args.parts.split(",")
     workers = [int(count) for count in args.workers.split(",")]
-    result: dict[str, Any] = {
-        "watch_by_batch": {f"workers_{w}": loader_table(args.steps, args.repeats, w) for w in workers}
-        if "watch" in parts
-        else {},
-        "by_module_calls": model_table(args.steps, args.repeats) if "model" in parts else {},
-        "device_double": device_run(args.steps, args.repeats) if "device" in parts else {},
-        "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
-        "config": {"steps": args.steps, "repeats": args.repeats},
-    }
+    result: dict[str, Any] = {}
+    for mode in modes:
+        suffix = COLLECTOR_KEYS[mode]
+        if "watch" in parts:
+            tables = {f"workers_{w}": loader_table(args.steps, args.repeats, w, mode) for w in workers}
+            result[f"watch_by_batch{suffix}"] = tables
+        if "model" in parts:
+            result[f"by_module_calls{suffix}"] = model_table(args.steps, args.repeats, mode)
+    result["device_double"] = device_run(args.steps, args.repeats) if "device" in parts else {}
+    result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    result["config"] = {"steps": args.steps, "repeats": args.repeats, "collector": modes}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print("watch(loader): µs added per step in the steady state (over the whole run), by batch size")
-    for workers, table in result["watch_by_batch"].items():
-        row = "  ".join(f"{batch:>5}: {added(figures, 'watch')}" for batch, figures in table.items())
-        print(f"  {workers:10s} {row}")
-        row = "  ".join(
-            f"{batch:>5}: {collected(figures, 'plain')} / {collected(figures, 'watch')}"
-            for batch, figures in table.items()
-        )
+    for mode in modes:
+        print_tables(result, mode)
+    for name, value in result["device_double"].items():
+        print(f"  device double, {name}: {value / 1e3:.1f} µs per step")
+
+
+def print_tables(result: dict[str, Any], mode: str) -> None:
+    """The watch() and model tables measured with the collector in ``mode``."""
+    suffix = COLLECTOR_KEYS[mode]
+    print(f"the garbage collector {mode} during the runs")
+    watch_tables = result.get(f"watch_by_batch{suffix}", {})
+    if watch_tables:
+        print("  watch(loader): µs added per step in the steady state (over the whole run), by batch size")
+    for workers, table in watch_tables.items():
+        for way, label in (("watch", "watch"), ("plain_again", "floor")):
+            row = "  ".join(f"{batch:>5}: {added(figures, way)}" for batch, figures in table.items())
+            print(f"    {workers:10s} {label:5s} {row}")
+        if mode != "on":
+            continue
         outside = "  ".join(
             f"{batch:>5}: {figures['watch_steady_outside_collector_added_ns'] / 1e3:7.1f}"
             for batch, figures in table.items()
         )
-        print(f"  {'':10s} the steady state outside the collector's collections (µs added per step)")
-        print(f"  {'':10s} {outside}")
-        print(f"  {'':10s} the garbage collector, plain / watch: µs per step (collections per step)")
-        print(f"  {'':10s} {row}")
-    print("auto() and by hand: µs added per step in the steady state (over the whole run), by module calls per step")
-    for calls, figures in result["by_module_calls"].items():
-        auto, hand = added(figures, "auto"), added(figures, "by_hand")
-        print(f"  {calls:>4} calls  auto {auto}  by hand {hand}  (plain {figures['plain_steady_step_ns'] / 1e3:7.1f})")
-    for name, value in result["device_double"].items():
-        print(f"  device double, {name}: {value / 1e3:.1f} µs per step")
+        row = "  ".join(
+            f"{batch:>5}: {collected(figures, 'plain')} / {collected(figures, 'watch')}"
+            for batch, figures in table.items()
+        )
+        print(f"    {'':16s} the steady state outside the collector's collections (µs added per step)")
+        print(f"    {'':16s} {outside}")
+        print(f"    {'':16s} the garbage collector, plain / watch: µs per step (collections per step)")
+        print(f"    {'':16s} {row}")
+    model = result.get(f"by_module_calls{suffix}", {})
+    if model:
+        print("  auto() and by hand: µs added per step in the steady state (over the whole run), by module calls")
+    for calls, figures in model.items():
+        auto, hand, floor = (added(figures, way) for way in ("auto", "by_hand", "plain_again"))
+        plain = figures["plain_steady_step_ns"] / 1e3
+        print(f"    {calls:>4} calls  auto {auto}  by hand {hand}  floor {floor}  (plain {plain:7.1f})")
+        if mode == "on":
+            print(
+                f"    {'':10s} collector, plain / auto / by hand: "
+                + " / ".join(collected(figures, way) for way in ("plain", "auto", "by_hand"))
+            )
 
 
 if __name__ == "__main__":
