@@ -250,8 +250,8 @@ def model_ways(blocks: int, steps: int) -> dict[str, Callable[[], dict[str, floa
     return {"plain": lambda: per_step(plain), "auto": auto, "by_hand": hand}
 
 
-def model_table(steps: int, repeats: int, collector: str) -> dict[str, dict[str, float]]:
-    return {str(calls): paired(model_ways(blocks, steps), repeats, collector) for calls, blocks in BLOCKS.items()}
+def model_table(steps: int, repeats: int, collector: str, calls: list[int]) -> dict[str, dict[str, float]]:
+    return {str(count): paired(model_ways(BLOCKS[count], steps), repeats, collector) for count in calls}
 
 
 def device_run(steps: int, repeats: int) -> dict[str, float]:
@@ -298,6 +298,9 @@ def main() -> None:
     parser.add_argument("--workers", default="0,2", help="worker counts of the watch() table")
     parser.add_argument("--parts", default="watch,model,device", help="which tables to measure")
     parser.add_argument(
+        "--calls", default=",".join(map(str, BLOCKS)), help="module calls per step of the model table's columns"
+    )
+    parser.add_argument(
         "--collector", default="on,paused", help="the garbage collector's modes: on (as the loop has it), paused"
     )
     parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
@@ -307,6 +310,9 @@ def main() -> None:
     modes = args.collector.split(",")
     if not modes or any(mode not in COLLECTOR_KEYS for mode in modes):
         parser.error(f"--collector takes a comma-separated list of {', '.join(COLLECTOR_KEYS)}")
+    calls = [int(count) for count in args.calls.split(",") if count.strip().isdigit()]
+    if not calls or any(count not in BLOCKS for count in calls):
+        parser.error(f"--calls takes a comma-separated list of {', '.join(map(str, BLOCKS))}")
     torch.set_num_threads(1)
     parts = args.parts.split(",")
     workers = [int(count) for count in args.workers.split(",")]
@@ -317,10 +323,10 @@ def main() -> None:
             tables = {f"workers_{w}": loader_table(args.steps, args.repeats, w, mode) for w in workers}
             result[f"watch_by_batch{suffix}"] = tables
         if "model" in parts:
-            result[f"by_module_calls{suffix}"] = model_table(args.steps, args.repeats, mode)
+            result[f"by_module_calls{suffix}"] = model_table(args.steps, args.repeats, mode, calls)
     result["device_double"] = device_run(args.steps, args.repeats) if "device" in parts else {}
     result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
-    result["config"] = {"steps": args.steps, "repeats": args.repeats, "collector": modes}
+    result["config"] = {"steps": args.steps, "repeats": args.repeats, "collector": modes, "calls": calls}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for mode in modes:
         print_tables(result, mode)
