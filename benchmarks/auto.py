@@ -17,7 +17,6 @@ Writes ``benchmarks/results/auto.json`` and prints the figures.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -29,15 +28,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from scaling import WARM_STEPS, run_with_collector  # this script's folder, first on sys.path when run
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
-from stepwatch._self_cost import IN_SITU
 
 RESULTS = Path(__file__).resolve().parent / "results"
-WARM_STEPS = IN_SITU + 8
-"""Steps before the steady state, as in ``scaling.py``."""
 
 
 def build(steps: int) -> tuple[nn.Module, Any, Any, DataLoader[Any]]:
@@ -130,13 +127,10 @@ def main() -> None:
             stepwatch.disable()
 
     def run(way: str) -> Run:
-        if args.collector == "paused":
-            gc.collect()
-            gc.disable()
-        try:
+        def timed() -> Run:
             return timed_run(lambda marks: loop(way.removesuffix(" again"), marks), len(loader))
-        finally:
-            gc.enable()
+
+        return run_with_collector(timed, args.collector)
 
     ways = ["plain", "plain again", "auto", "by hand"]
     for way in ways:  # warm every path once

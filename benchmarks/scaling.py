@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -55,6 +55,7 @@ WARM_STEPS = IN_SITU + 8
 stepwatch's own cost measured in place (``IN_SITU`` steps from the third), whose steps take the general step
 boundary (before 2026-12-03, night, 5: a 100-step run's steady state had 22 of its 95 steps inside it)."""
 AfterStep = Callable[[int], None]
+Result = TypeVar("Result")
 SPANS = {"run": "step_ns", "steady": "steady_step_ns", "steady_outside_collector": "steady_outside_collector_step_ns"}
 """What each run's time per step is taken over -> the figures' names (their paired differences: ``added_ns``)."""
 
@@ -88,7 +89,7 @@ def paired(ways: dict[str, Callable[[], dict[str, float]]], repeats: int, collec
     return figures
 
 
-def run_with_collector(run: Callable[[], dict[str, float]], collector: str) -> dict[str, float]:
+def run_with_collector(run: Callable[[], Result], collector: str) -> Result:
     """One run, the garbage collector as the loop has it (``"on"``) or ``"paused"``: everything collected before
     the run and the collector disabled during it, so that no collection falls inside it. Where a run's
     collections fall moves its time by far more than stepwatch's cost (a full one walks every object of the
@@ -310,8 +311,9 @@ def main() -> None:
     modes = args.collector.split(",")
     if not modes or any(mode not in COLLECTOR_KEYS for mode in modes):
         parser.error(f"--collector takes a comma-separated list of {', '.join(COLLECTOR_KEYS)}")
-    calls = [int(count) for count in args.calls.split(",") if count.strip().isdigit()]
-    if not calls or any(count not in BLOCKS for count in calls):
+    names = args.calls.split(",")
+    calls = [int(name) for name in names if name.strip().isdigit()]
+    if len(calls) != len(names) or any(count not in BLOCKS for count in calls):
         parser.error(f"--calls takes a comma-separated list of {', '.join(map(str, BLOCKS))}")
     torch.set_num_threads(1)
     parts = args.parts.split(",")
