@@ -4,6 +4,7 @@ a model under ``torch.compile`` keeps meeting the Python wrappers that dynamo ca
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import subprocess
@@ -359,3 +360,41 @@ def test_the_compiled_loop_ends_as_the_python_generator_does() -> None:
             assert " 0 True 0 " in line, line
     # the first loop's 11 batches (the first one-off, the short last one counted as it is): 10 steps, 83 - 8
     assert compiled[0] == "whole 0 True 0 (10, {'samples': 75})"
+
+
+def test_a_block_class_given_its_own_exit_after_the_wrappers_remembered_it_has_it_called() -> None:
+    """The compiled wrappers call a block's methods directly while its class is the one they remembered running
+    BlockBase's own, unchanged since (its version tag): a class given an ``__exit__`` of its own later has it
+    called by every wrapper from then on."""
+    program = """
+import torch, stepwatch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from stepwatch._blocks import Block
+torch.manual_seed(0)
+model, criterion = nn.Linear(4, 2), nn.CrossEntropyLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8 * 12, 4), torch.randint(0, 2, (8 * 12,))), batch_size=8)
+stepwatch.auto()
+exits = []
+base_exit = Block.__exit__
+def counted_exit(self, *args):
+    exits.append(self._name)
+    return base_exit(self, *args)
+for step, (x, y) in enumerate(loader):
+    if step == 8:  # narrowed, and every wrapper's block class remembered, steps ago
+        assert not exits
+        Block.__exit__ = counted_exit
+    optimizer.zero_grad()
+    criterion(model(x), y).backward()
+    optimizer.step()
+print(sorted((name, exits.count(name)) for name in set(exits)))
+"""
+    env = subprocess_env()
+    env.pop("STEPWATCH_PURE_PYTHON", None)
+    result = subprocess.run([PYTHON, "-c", program], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    exits = dict(ast.literal_eval(result.stdout.split("\n")[0]))
+    assert {stage: exits.get(stage) for stage in ("forward", "loss", "backward", "optimizer", "zero_grad")} == {
+        stage: 4 for stage in ("forward", "loss", "backward", "optimizer", "zero_grad")
+    }  # steps 8 to 11, each stage once a step

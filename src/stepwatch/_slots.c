@@ -70,12 +70,18 @@ static struct {
     int ident_in_thread_state;           /* the thread state's ``thread_id`` is ``get_ident()`` (checked once) */
 } hot_state LINE_ALIGNED = {.fold_at = 1024};
 
-/* Whether ``type`` is the class ``known`` remembers, unchanged since: 1 or 0. */
+/* Whether ``type`` is the class ``known`` remembers, unchanged since: 1 or 0. From Python 3.11 a change to a class
+ * sets its version tag to 0, never a valid tag (what ``remember_class`` keeps), so the tag alone says it: one line of
+ * the class read, where its flags are on another (each cold in a real step); 3.10 only clears the flag. */
 static inline int
 is_known_class(const KnownClass *known, PyTypeObject *type)
 {
+#if PY_VERSION_HEX >= 0x030B0000
+    return type == known->type && type->tp_version_tag == known->version;
+#else
     return type == known->type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
            type->tp_version_tag == known->version;
+#endif
 }
 
 /* Remembers ``type`` in ``known`` where it has a valid version tag (a lookup on it has just assigned one): 1, or 0
@@ -83,7 +89,7 @@ is_known_class(const KnownClass *known, PyTypeObject *type)
 static int
 remember_class(KnownClass *known, PyTypeObject *type)
 {
-    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || type->tp_version_tag == 0) {
         return 0;
     }
     known->type = type;
