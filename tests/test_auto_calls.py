@@ -395,6 +395,5 @@ print(sorted((name, exits.count(name)) for name in set(exits)))
     result = subprocess.run([PYTHON, "-c", program], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     exits = dict(ast.literal_eval(result.stdout.split("\n")[0]))
-    assert {stage: exits.get(stage) for stage in ("forward", "loss", "backward", "optimizer", "zero_grad")} == {
-        stage: 4 for stage in ("forward", "loss", "backward", "optimizer", "zero_grad")
-    }  # steps 8 to 11, each stage once a step
+    stages = ("forward", "loss", "backward", "optimizer", "zero_grad")
+    assert {stage: exits.get(stage) for stage in stages} == dict.fromkeys(stages, 4)  # steps 8 to 11, once a step

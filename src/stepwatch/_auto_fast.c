@@ -33,7 +33,8 @@ common_call_stage(AutoCallObject *self, AutoStateObject *session, PyObject *cons
 
 /* The stage's block when it runs BlockBase's own methods and is measuring (a new reference), or NOT_COMMON, or
  * NULL with an exception. Its class is read first: a class that runs them derives from BlockBase, so the block's
- * stacks are read without ``block_measuring``'s check of the class's bases (two more lines of it, cold). */
+ * stacks are read as ``block_measuring`` reads them, without its check of the class's bases (two more lines of
+ * the class, cold). */
 static inline PyObject *
 measuring_base_block(AutoStateObject *session, PyObject *stage)
 {
@@ -45,13 +46,11 @@ measuring_base_block(AutoStateObject *session, PyObject *stage)
         Py_DECREF(block); /* (the general function finds and remembers a class running them) */
         return NOT_COMMON;
     }
-    PyObject *measuring = slot_get(((BlockObject *)block)->stacks, SLOT_MEASURING);
-    if (measuring == NULL || measuring != Py_True) {
-        Py_XDECREF(measuring);
+    int on = stacks_measuring(((BlockObject *)block)->stacks);
+    if (on != 1) {
         Py_DECREF(block);
-        return measuring == NULL ? NULL : NOT_COMMON;
+        return on < 0 ? NULL : NOT_COMMON;
     }
-    Py_DECREF(measuring);
     return block;
 }
 

@@ -285,6 +285,18 @@ known_stage(AutoStateObject *session, PyObject *module)
     return stage;
 }
 
+/* Whether a stopwatch's stacks are measuring (``stacks.measuring is True``): 1, 0, or -1. */
+static INLINED int
+stacks_measuring(PyObject *stacks)
+{
+    PyObject *value = slot_get(stacks, SLOT_MEASURING);
+    if (value == NULL) {
+        return -1;
+    }
+    Py_DECREF(value);
+    return value == Py_True;
+}
+
 /* Whether the session's stopwatch is measuring (``sw.stacks.measuring is True``): 1, 0, or -1. */
 static COLD int
 measuring(PyObject *sw)
@@ -293,13 +305,9 @@ measuring(PyObject *sw)
     if (stacks == NULL) {
         return -1;
     }
-    PyObject *value = slot_get(stacks, SLOT_MEASURING);
+    int on = stacks_measuring(stacks);
     Py_DECREF(stacks);
-    if (value == NULL) {
-        return -1;
-    }
-    Py_DECREF(value);
-    return value == Py_True;
+    return on;
 }
 
 /* The stopwatch's block for ``stage`` (``sw._by_name[stage]``): a new reference; NULL where none was made yet
@@ -337,12 +345,7 @@ block_measuring(PyObject *block, PyObject *sw)
     if (!PyObject_TypeCheck(block, &BlockBaseType) || ((BlockObject *)block)->stacks == NULL) {
         return measuring(sw);
     }
-    PyObject *value = slot_get(((BlockObject *)block)->stacks, SLOT_MEASURING);
-    if (value == NULL) {
-        return -1;
-    }
-    Py_DECREF(value);
-    return value == Py_True;
+    return stacks_measuring(((BlockObject *)block)->stacks);
 }
 
 /* ``runs_base_methods``'s miss: the class looked up, and remembered where it runs BlockBase's own. 1 or 0. */
