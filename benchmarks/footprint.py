@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import gc
 import json
 import os
 import platform
@@ -29,6 +30,7 @@ import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from stepwatch._self_cost import IN_SITU
 
@@ -43,9 +45,20 @@ LAST_LEVEL = "--LL=2097152,16,64"
 MISSES = ("ILmr", "DLmr", "DLmw")
 
 
-def child(way: str, steps: int) -> None:
+def layers(module_calls: int) -> list[Any]:
+    """The model's layers before its sweep, for ``module_calls`` module calls a step (the ``Sequential``, these,
+    the sweep and the loss): a Linear, then ReLU and Linear in turn."""
+    from torch import nn
+
+    return [nn.Linear(16, 16) if index % 2 == 0 else nn.ReLU() for index in range(module_calls - 3)]
+
+
+def child(way: str, steps: int, module_calls: int, collector: str) -> None:
     """Runs :data:`WARM_STEPS` + ``steps`` steps of one way in this process (under Valgrind), each of its stages
-    sweeping the caches, and marks where the counted steps start (``os.getppid()``) and end (``os.getpgrp()``)."""
+    sweeping the caches, and marks where the counted steps start (``os.getppid()``) and end (``os.getpgrp()``).
+    The model's submodule calls run one after the other with nothing swept between them, as a model's layers
+    do when they are small: what a call adds there is the code it runs, warm. ``collector`` "paused": Python's
+    garbage collector off from the start, so that no collection falls in one count and not in another."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -53,6 +66,8 @@ def child(way: str, steps: int) -> None:
     import stepwatch
 
     torch.set_num_threads(1)
+    if collector == "paused":
+        gc.disable()
     scratch = bytearray(SWEEP_BYTES)
 
     def sweep() -> None:
@@ -78,7 +93,7 @@ def child(way: str, steps: int) -> None:
             super().zero_grad(set_to_none)
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 16), Sweep())
+    model = nn.Sequential(*layers(module_calls), Sweep())
     criterion = SweepingLoss()
     optimizer = SweepingSGD(model.parameters(), lr=1e-3)
     total = WARM_STEPS + steps
@@ -164,7 +179,7 @@ def compiled(path: str) -> bool:
     return "_speedups" in path
 
 
-def count(way: str, steps: int) -> dict[str, float]:
+def count(way: str, steps: int, module_calls: int, collector: str) -> dict[str, float]:
     """Runs one way under callgrind with the cache simulated: its instructions and last-level misses a step,
     and the misses a step in stepwatch's compiled code."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -180,7 +195,7 @@ def count(way: str, steps: int) -> dict[str, float]:
             sys.executable,
             __file__,
             "--child",
-            f"{way},{steps}",
+            f"{way},{steps},{module_calls},{collector}",
         ]
         env = {key: value for key, value in os.environ.items() if not key.startswith("STEPWATCH")}
         env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
@@ -190,11 +205,13 @@ def count(way: str, steps: int) -> dict[str, float]:
             raise RuntimeError(f"valgrind failed or left no dump at the end mark:\n{result.stderr[-2000:]}")
         totals, per_object = misses_by_object(dump.read_text())
     in_compiled = sum(costs[name] for path, costs in per_object.items() if compiled(path) for name in MISSES)
+    run_in_compiled = sum(costs["Ir"] for path, costs in per_object.items() if compiled(path))
     return {
         "instructions": totals["Ir"] / steps,
         "misses": sum(totals[name] for name in MISSES) / steps,
         **{name: totals[name] / steps for name in MISSES},
         "in_compiled": in_compiled / steps,
+        "instructions_in_compiled": run_in_compiled / steps,
     }
 
 
@@ -203,37 +220,55 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="steps counted, after the warm ones")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=RESULTS / "footprint.json")
+    parser.add_argument(
+        "--module-calls",
+        type=int,
+        default=4,
+        help="module calls a step: 4 (one Linear), or more Linear and ReLU layers (514 is scaling.py's largest)",
+    )
+    parser.add_argument(
+        "--collector",
+        choices=("on", "paused"),
+        default="on",
+        help="Python's garbage collector in the counted processes: on (as a program has it), or paused",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.module_calls < 4:
+        parser.error("--module-calls: at least 4 (the Sequential, a Linear, the sweep and the loss)")
     if args.child:
-        way, steps = args.child.split(",")
-        child(way, int(steps))
+        way, steps, module_calls, collector = args.child.split(",")
+        child(way, int(steps), int(module_calls), collector)
         return
     if shutil.which("valgrind") is None:
         sys.exit("footprint.py: needs valgrind on PATH (apt-get install valgrind)")
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        counted = dict(zip(WAYS, pool.map(lambda way: count(way, args.steps), WAYS), strict=True))
+        counts = pool.map(lambda way: count(way, args.steps, args.module_calls, args.collector), WAYS)
+        counted = dict(zip(WAYS, counts, strict=True))
     plain = counted["plain"]
     table = {}
-    print(f"{'way':8s} {'lines a step':>12s} {'of them in C':>12s} {'instructions':>13s}")
+    print(f"{'way':8s} {'lines a step':>12s} {'of them in C':>12s} {'instructions':>13s} {'of them in C':>12s}")
     for way in WAYS[1:]:
         runs = counted[way]
         table[way] = {
             "added_lines_per_step": runs["misses"] - plain["misses"],
             "lines_in_stepwatch_compiled_code": runs["in_compiled"],
+            "instructions_in_stepwatch_compiled_code": runs["instructions_in_compiled"],
             "added_instructions_per_step": runs["instructions"] - plain["instructions"],
             **{f"added_{name}": runs[name] - plain[name] for name in MISSES},
         }
         row = table[way]
         print(
             f"{way:8s} {row['added_lines_per_step']:12.0f} {row['lines_in_stepwatch_compiled_code']:12.0f}"
-            f" {row['added_instructions_per_step']:13.0f}"
+            f" {row['added_instructions_per_step']:13.0f} {row['instructions_in_stepwatch_compiled_code']:12.0f}"
         )
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "last_level_cache": LAST_LEVEL,
         "sweep_bytes": SWEEP_BYTES,
         "steps_counted": args.steps,
+        "module_calls_per_step": args.module_calls,
+        "collector": args.collector,
         "warm_steps": WARM_STEPS,
         "plain": {"lines_per_step": plain["misses"], "instructions_per_step": plain["instructions"]},
         "added": table,
