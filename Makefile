@@ -50,11 +50,13 @@ bench: setup
 	$(BIN)/python benchmarks/gather.py
 	$(BIN)/python benchmarks/live.py
 
-# what a step executes and the cache lines it touches, counted by Valgrind (needs valgrind; about 30 minutes on 2 cores)
+# what a step executes and the cache lines it touches, counted by Valgrind (needs valgrind; about 45 minutes on 2 cores)
 bench-valgrind: setup
 	$(BIN)/python benchmarks/instructions.py
 	$(BIN)/python benchmarks/in_situ.py
 	$(BIN)/python benchmarks/footprint.py
+	$(BIN)/python benchmarks/footprint.py --module-calls 6 --collector paused --out benchmarks/results/footprint_6_calls.json
+	$(BIN)/python benchmarks/footprint.py --module-calls 514 --collector paused --out benchmarks/results/footprint_514_calls.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
