@@ -9,10 +9,13 @@ twice the second-level cache simulated (``--LL=2097152,16,64``, this machine's),
 between two stages misses it again: its cache misses a step over the plain loop's are the lines it touches, cold.
 The plain loop, the same stages by hand (``watch`` + 5 ``timed``) and ``auto()`` each run in a process of their
 own under ``callgrind`` with the cache simulated, counted over ``--steps`` steps after :data:`WARM_STEPS`, marked
-as in ``instructions.py``. Of the added misses, those in stepwatch's compiled code are given apart; the rest are
-the interpreter's (the ``with`` statements, stepwatch's Python) and torch's or the C library's, which a dump
-taken mid-run cannot tell apart (its open frames carry their calls' costs). Takes about five minutes on two
-cores; writes ``benchmarks/results/footprint.json``.
+as in ``instructions.py``. Of the added misses and instructions, those in stepwatch's compiled code are given
+apart (no heap layout moves them); the rest are the interpreter's (the ``with`` statements, stepwatch's Python)
+and torch's or the C library's, which a dump taken mid-run cannot tell apart (its open frames carry their calls'
+costs), and which move with where the allocator put things. The model is a Linear by default (4 module calls a
+step); ``--module-calls N`` gives it Linear and ReLU layers in turn, to count a larger model where the wall clock
+cannot resolve it, and ``--collector paused`` keeps Python's collections out of the count. Takes about five
+minutes on two cores; writes ``benchmarks/results/footprint.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def child(way: str, steps: int, module_calls: int, collector: str) -> None:
     sweeping the caches, and marks where the counted steps start (``os.getppid()``) and end (``os.getpgrp()``).
     The model's submodule calls run one after the other with nothing swept between them, as a model's layers
     do when they are small: what a call adds there is the code it runs, warm. ``collector`` "paused": Python's
-    garbage collector off from the start, so that no collection falls in one count and not in another."""
+    garbage collector off before the model is built, so that no collection falls in one count and not in another."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -181,7 +184,7 @@ def compiled(path: str) -> bool:
 
 def count(way: str, steps: int, module_calls: int, collector: str) -> dict[str, float]:
     """Runs one way under callgrind with the cache simulated: its instructions and last-level misses a step,
-    and the misses a step in stepwatch's compiled code."""
+    and the misses and instructions a step in stepwatch's compiled code."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch, "out")
         command = [
@@ -205,13 +208,13 @@ def count(way: str, steps: int, module_calls: int, collector: str) -> dict[str, 
             raise RuntimeError(f"valgrind failed or left no dump at the end mark:\n{result.stderr[-2000:]}")
         totals, per_object = misses_by_object(dump.read_text())
     in_compiled = sum(costs[name] for path, costs in per_object.items() if compiled(path) for name in MISSES)
-    run_in_compiled = sum(costs["Ir"] for path, costs in per_object.items() if compiled(path))
+    executed_in_compiled = sum(costs["Ir"] for path, costs in per_object.items() if compiled(path))
     return {
         "instructions": totals["Ir"] / steps,
         "misses": sum(totals[name] for name in MISSES) / steps,
         **{name: totals[name] / steps for name in MISSES},
         "in_compiled": in_compiled / steps,
-        "instructions_in_compiled": run_in_compiled / steps,
+        "instructions_in_compiled": executed_in_compiled / steps,
     }
 
 
