@@ -207,13 +207,14 @@ def count(way: str, steps: int, module_calls: int, collector: str) -> dict[str, 
         if result.returncode or not dump.exists():
             raise RuntimeError(f"valgrind failed or left no dump at the end mark:\n{result.stderr[-2000:]}")
         totals, per_object = misses_by_object(dump.read_text())
-    in_compiled = sum(costs[name] for path, costs in per_object.items() if compiled(path) for name in MISSES)
-    executed_in_compiled = sum(costs["Ir"] for path, costs in per_object.items() if compiled(path))
+    in_compiled = [costs for path, costs in per_object.items() if compiled(path)]
+    missed_in_compiled = sum(costs[name] for costs in in_compiled for name in MISSES)
+    executed_in_compiled = sum(costs["Ir"] for costs in in_compiled)
     return {
         "instructions": totals["Ir"] / steps,
         "misses": sum(totals[name] for name in MISSES) / steps,
         **{name: totals[name] / steps for name in MISSES},
-        "in_compiled": in_compiled / steps,
+        "in_compiled": missed_in_compiled / steps,
         "instructions_in_compiled": executed_in_compiled / steps,
     }
 
