@@ -62,8 +62,8 @@ def test_dropped_blocks_do_in_c_what_the_python_ones_do() -> None:
 
     if not _block_base.COMPILED:
         pytest.fail("the development install was expected to build the C speedups")
-    for method in ("__enter__", "__exit__"):  # here, the compiled ones: C methods of the compiled BlockBase
-        assert type(vars(DroppedBlock)[method]).__name__ == "method_descriptor"
+    for method in ("__enter__", "__exit__"):  # here, the compiled ones: methods of the compiled BlockBase
+        assert type(vars(DroppedBlock)[method]).__name__ == "BlockMethod"
         assert vars(DroppedBlock)[method].__objclass__ is _block_base.BlockBase
     lines = compiled_and_pure_output(PROGRAM).splitlines()
     assert lines[0] == "DroppedBlock [] []"

@@ -9,9 +9,10 @@
  * the common case calls the same Python methods (thread_stack, add_child, track, fold, unwind).
  *
  * The module's other parts, each in a file of its own included here: the slots read at their offsets
- * (_slots.c), the thread's stack, the clock, frames and buffers (_frames.c), auto()'s state and wrappers
- * (_auto_state.c, _auto_calls.c), auto()'s loop (_auto_steps.c), count() (_counts.c, _counter.c), a timed loop's steady step boundary (_boundary.c) and
- * timed()'s lookup (_lookup.c), a batch's reads and collate in the main process (_reads.c).
+ * (_slots.c), the thread's stack, the clock, frames and buffers (_frames.c), the block's methods bound once
+ * (_bound.c), auto()'s state and wrappers (_auto_state.c, _auto_calls.c), auto()'s loop (_auto_steps.c), count()
+ * (_counts.c, _counter.c), a timed loop's steady step boundary (_boundary.c) and timed()'s lookup (_lookup.c), a
+ * batch's reads and collate in the main process (_reads.c).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,6 +26,7 @@ typedef struct {
     PyObject *clock;  /* the stopwatch's clock: called with no arguments, returns an int of nanoseconds */
     PyObject *inside; /* threads inside this block opened while switched off (read by the Python subclasses) */
     PyObject *stacks; /* ``sw.stacks``, kept: the stopwatch's state lent or shared re-points it (Blocks.follow_state) */
+    PyObject *bound[4]; /* its __enter__, __exit__, _dropped_enter and _dropped_exit bound, once used (_bound.c) */
 } BlockObject;
 
 #if defined(__GNUC__)
@@ -238,6 +240,9 @@ block_traverse(BlockObject *self, visitproc visit, void *arg)
     Py_VISIT(self->clock);
     Py_VISIT(self->inside);
     Py_VISIT(self->stacks);
+    for (size_t i = 0; i < sizeof(self->bound) / sizeof(self->bound[0]); i++) {
+        Py_VISIT(self->bound[i]);
+    }
     return 0;
 }
 
@@ -249,6 +254,9 @@ block_clear(BlockObject *self)
     Py_CLEAR(self->clock);
     Py_CLEAR(self->inside);
     Py_CLEAR(self->stacks);
+    for (size_t i = 0; i < sizeof(self->bound) / sizeof(self->bound[0]); i++) {
+        Py_CLEAR(self->bound[i]);
+    }
     return 0;
 }
 
@@ -344,15 +352,6 @@ dropped_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyObject_VectorcallMethod(s_closed_live, call + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
-static PyMethodDef block_methods[] = {
-    {"__enter__", (PyCFunction)block_enter, METH_NOARGS, "Opens the block's frame on this thread's stack."},
-    {"__exit__", (PyCFunction)(void (*)(void))block_exit, METH_FASTCALL, "Closes it and records its time."},
-    {"_dropped_enter", (PyCFunction)dropped_enter, METH_NOARGS, "A dropped block's entry: this thread noted inside."},
-    {"_dropped_exit", (PyCFunction)(void (*)(void))dropped_exit, METH_FASTCALL,
-     "A dropped block's exit: this thread's note taken back, or the live class's exit where there is none."},
-    {NULL, NULL, 0, NULL},
-};
-
 static PyMemberDef block_members[] = {
     {"_sw", T_OBJECT_EX, offsetof(BlockObject, sw), 0, NULL},
     {"_name", T_OBJECT_EX, offsetof(BlockObject, name), 0, NULL},
@@ -371,10 +370,10 @@ static PyTypeObject BlockBaseType = {
     .tp_traverse = (traverseproc)block_traverse,
     .tp_clear = (inquiry)block_clear,
     .tp_dealloc = (destructor)block_dealloc,
-    .tp_methods = block_methods,
     .tp_members = block_members,
 };
 
+#include "_bound.c"
 #include "_lookup.c"
 #include "_counts.c"
 #include "_counter.c"
@@ -445,7 +444,7 @@ PyInit__speedups(void)
             return NULL;
         }
     }
-    if (counts_ready() < 0 || slots_ready() < 0 || reads_ready() < 0 || auto_calls_ready() < 0 ||
+    if (block_methods_ready() < 0 || counts_ready() < 0 || slots_ready() < 0 || reads_ready() < 0 || auto_calls_ready() < 0 ||
         auto_steps_ready() < 0) {
         return NULL;
     }
