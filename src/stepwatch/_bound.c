@@ -15,24 +15,23 @@ enum { BOUND_ENTER, BOUND_EXIT, BOUND_DROPPED_ENTER, BOUND_DROPPED_EXIT, BOUND_K
 
 typedef PyObject *(*block_method)(BlockObject *, PyObject *const *, Py_ssize_t);
 
+static COLD PyObject *
+refuse_arguments(const char *name, Py_ssize_t nargs)
+{
+    PyErr_Format(PyExc_TypeError, "%s() takes no arguments (%zd given)", name, nargs);
+    return NULL;
+}
+
 static PyObject *
 call_enter(BlockObject *block, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
 {
-    if (UNLIKELY(nargs != 0)) {
-        PyErr_Format(PyExc_TypeError, "__enter__() takes no arguments (%zd given)", nargs);
-        return NULL;
-    }
-    return block_enter(block, NULL);
+    return UNLIKELY(nargs != 0) ? refuse_arguments("__enter__", nargs) : block_enter(block, NULL);
 }
 
 static PyObject *
 call_dropped_enter(BlockObject *block, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
 {
-    if (UNLIKELY(nargs != 0)) {
-        PyErr_Format(PyExc_TypeError, "_dropped_enter() takes no arguments (%zd given)", nargs);
-        return NULL;
-    }
-    return dropped_enter(block, NULL);
+    return UNLIKELY(nargs != 0) ? refuse_arguments("_dropped_enter", nargs) : dropped_enter(block, NULL);
 }
 
 static const struct {
@@ -102,21 +101,6 @@ static const vectorcallfunc BOUND_CALLS[BOUND_KINDS] = {
     (vectorcallfunc)bound_dropped_exit,
 };
 
-static PyObject *
-method_call(BlockMethodObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
-        return refuse_keywords(self->kind);
-    }
-    if (nargs < 1 || !PyObject_TypeCheck(args[0], &BlockBaseType)) {
-        PyErr_Format(PyExc_TypeError, "descriptor '%s' needs a stepwatch block as its first argument",
-                     BOUND_SPECS[self->kind].name);
-        return NULL;
-    }
-    return BOUND_SPECS[self->kind].call((BlockObject *)args[0], args + 1, nargs - 1); /* the caller holds it */
-}
-
 /* Whether ``type`` is BlockBase or a subclass, found by its MRO; remembered by its version tag where it has one. */
 static COLD int
 is_block_class(PyTypeObject *type)
@@ -140,6 +124,21 @@ is_block(PyObject *instance)
     PyTypeObject *type = Py_TYPE(instance);
     KnownClass known = {type, hot_state.block_version};
     return (known.version != 0 && is_known_class(&known, type)) || is_block_class(type);
+}
+
+static PyObject *
+method_call(BlockMethodObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+        return refuse_keywords(self->kind);
+    }
+    if (nargs < 1 || !is_block(args[0])) {
+        PyErr_Format(PyExc_TypeError, "descriptor '%s' needs a stepwatch block as its first argument",
+                     BOUND_SPECS[self->kind].name);
+        return NULL;
+    }
+    return BOUND_SPECS[self->kind].call((BlockObject *)args[0], args + 1, nargs - 1); /* the caller holds it */
 }
 
 static COLD PyObject *
