@@ -5,7 +5,9 @@ settings; what cannot be rebuilt is refused in one line."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import stepwatch
+from stepwatch._tune import Epochs, _settle, ready_batches, settling_batches
 from stepwatch._tuning import Setting, Tuning, load_tuning
 
 from .conftest import spin, stepwatch_command
@@ -155,6 +158,95 @@ def test_workers_busy_tells_waiting_workers_from_computing_ones() -> None:
     assert asleep < 0.15 < working and working > 2 * asleep, (sleeping.render(), computing.render())
     assert sleeping.of(Setting(0)).workers_busy is None
     assert "workers busy" in sleeping.render().splitlines()[2]
+
+
+class GatedReads(Dataset[torch.Tensor]):
+    """Samples from ``gate`` on are read only once the event is set: the batches the workers can finish before
+    then are known exactly, whatever the machine's speed."""
+
+    def __init__(self, gate: int, event: Any) -> None:
+        self.gate, self.event = gate, event
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index >= self.gate:
+            self.event.wait(30)
+        return torch.tensor(float(index))
+
+
+def received_slowly(batch: torch.Tensor) -> torch.Tensor:
+    time.sleep(0.05)
+    return batch
+
+
+class SlowToReceive:
+    """A batch that takes 50 ms to unpickle in the main process: a batch waiting ready reads as a long wait, as
+    it does for a main process starved of the CPU."""
+
+    def __init__(self, batch: torch.Tensor) -> None:
+        self.batch = batch
+
+    def __reduce__(self) -> Any:
+        return received_slowly, (self.batch,)
+
+
+def collate_slow_to_receive(samples: list[torch.Tensor]) -> SlowToReceive:
+    return SlowToReceive(torch.stack(samples))
+
+
+def wait_for_ready(iterator: Any, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while ready_batches(iterator) != count:
+        assert time.monotonic() < deadline, (ready_batches(iterator), count)
+        time.sleep(0.005)
+
+
+def test_ready_batches_counts_what_the_workers_finished_and_the_loop_has_not_taken() -> None:
+    event = multiprocessing.Event()
+    loader = DataLoader(GatedReads(6, event), batch_size=1, num_workers=2, prefetch_factor=2)
+    iterator = iter(loader)
+    try:
+        assert next(iterator).item() == 0  # tasks 1 to 4 are out, and nothing gates them
+        wait_for_ready(iterator, 4)
+        for expected in (1, 2, 3, 4):  # each batch taken sends the next task: 5, then the gated 6, 7 and 8
+            assert next(iterator).item() == expected
+        wait_for_ready(iterator, 1)
+        assert next(iterator).item() == 5 and ready_batches(iterator) == 0
+        event.set()
+        wait_for_ready(iterator, 4)
+    finally:
+        event.set()
+        del iterator
+    assert ready_batches(iter(DataLoader(GatedReads(6, event), batch_size=1))) is None  # one process: unknown
+
+
+def test_a_trial_settles_until_no_batch_waits_ready_however_long_the_waits_read() -> None:
+    """The untimed batches after a trial's first go on past the prefetched ones while the workers hold batches
+    finished, however long each takes to receive (as in a main process starved of the CPU: the wait alone read
+    it as waited for, and the timed steps then started on a backlog), and end at the first batch none was ready
+    for."""
+    event = multiprocessing.Event()
+    loader = DataLoader(
+        GatedReads(10, event), batch_size=1, num_workers=2, prefetch_factor=3, collate_fn=collate_slow_to_receive
+    )
+    epochs = Epochs(loader)
+    try:
+        assert epochs.take().item() == 0
+        wait_for_ready(epochs.iterator, 6)  # 1 to 6, all prefetched
+        taken = []
+        for batch in _settle(epochs, settling_batches(Setting(2, 3))):
+            taken.append(int(batch.item()))
+            if taken[-1] < 10:  # the workers finish every task out before the gate (6 are out at a time)
+                outstanding = range(taken[-1] + 1, taken[-1] + 7)
+                wait_for_ready(epochs.iterator, sum(1 for index in outstanding if index < 10))
+            if taken[-1] == 9:  # none ready now: the next batch is waited for, once the gate opens
+                threading.Timer(0.2, event.set).start()
+        assert taken == list(range(1, 11)), taken
+    finally:
+        event.set()
+        del epochs
 
 
 class Stream(IterableDataset[torch.Tensor]):
