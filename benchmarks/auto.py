@@ -92,6 +92,37 @@ def by_hand(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader
         marks.append(time.perf_counter_ns())
 
 
+def by_hand_without_count(
+    model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any], marks: list[int]
+) -> None:
+    """By hand without its ``count(samples=len(y))`` (``--parts``)."""
+    for x, y in stepwatch.watch(loader):
+        with stepwatch.timed("forward"):
+            out = model(x)
+        with stepwatch.timed("loss"):
+            loss = criterion(out, y)
+        with stepwatch.timed("backward"):
+            loss.backward()
+        with stepwatch.timed("optimizer"):
+            optimizer.step()
+        with stepwatch.timed("zero_grad"):
+            optimizer.zero_grad()
+        marks.append(time.perf_counter_ns())
+
+
+def watch_alone(model: nn.Module, optimizer: Any, criterion: Any, loader: DataLoader[Any], marks: list[int]) -> None:
+    """The watched loop with no block and no count (``--parts``)."""
+    for x, y in stepwatch.watch(loader):
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        marks.append(time.perf_counter_ns())
+
+
+PARTS = {"by hand": by_hand, "by hand without count": by_hand_without_count, "watch alone": watch_alone}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=200, help="training steps per run")
@@ -103,6 +134,11 @@ def main() -> None:
         choices=("on", "paused"),
         default="on",
         help="the garbage collector during each run: as the loop has it, or paused (collected before the run)",
+    )
+    parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="two ways more, to split by hand's cost: without its count(), and watch() alone (no blocks)",
     )
     parser.add_argument("--out", default=str(RESULTS / "auto.json"))
     args = parser.parse_args()
@@ -124,7 +160,7 @@ def main() -> None:
             return
         stepwatch.enable()
         try:
-            by_hand(model, optimizer, criterion, loader, marks)
+            PARTS[way](model, optimizer, criterion, loader, marks)
         finally:
             stepwatch.disable()
 
@@ -135,6 +171,8 @@ def main() -> None:
         return run_with_collector(timed, args.collector)
 
     ways = ["plain", "plain again", "auto", "by hand"]
+    if args.parts:
+        ways += ["by hand without count", "watch alone"]
     for way in ways:  # warm every path once
         run(way)
     times: dict[str, list[Run]] = {way: [] for way in ways}
@@ -151,7 +189,12 @@ def main() -> None:
     for span, suffix in (("whole", ""), ("steady", "_steady")):
         result.update(span_figures(times, span, suffix, estimates))
     result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
-    result["config"] = {"steps": args.steps, "repeats": args.repeats, "collector": args.collector}
+    result["config"] = {
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "collector": args.collector,
+        "parts": args.parts,
+    }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for span, suffix in (("whole run", ""), (f"steady state (after step {WARM_STEPS})", "_steady")):
         print(f"over the {span}, the garbage collector {args.collector}:")
@@ -197,6 +240,11 @@ def span_figures(
         "auto_minus_by_hand": standard_error(differences("auto", "by hand")),
         "noise_floor": standard_error(differences("plain again")),
     }
+    for part in ("by hand without count", "watch alone"):
+        if part in per_way:
+            key = part.replace(" ", "_") + "_added"
+            figures[key + "_ns_per_step_median_paired"] = added_to_plain(part)
+            errors[key] = standard_error(differences(part))
     share = added / step
     hand_share = added_to_plain("by hand") / step
     shares = {
