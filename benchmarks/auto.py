@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from scaling import WARM_STEPS, run_with_collector  # this script's folder, first on sys.path when run
+from scaling import WARM_STEPS, run_with_collector, standard_error  # this script's folder, first on sys.path
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -270,15 +270,6 @@ def span_figures(
         f"own_cost_estimate{suffix}": shares,
         f"targets{suffix}": targets,
     }
-
-
-def standard_error(differences: list[float], resamples: int = 2000) -> float:
-    """The standard error of the median of paired differences, by bootstrap (the repeats resampled with
-    replacement, a fixed seed): how far the median could move with other repeats of the same machine. With 90
-    repeats of this step it was 4 to 6 us, as large as what separates by hand's figure from its target."""
-    draw = random.Random(1).choices
-    medians = [statistics.median(draw(differences, k=len(differences))) for _ in range(resamples)]
-    return statistics.stdev(medians)
 
 
 def verdict(value: float, limit: float, error: float) -> dict[str, Any]:
