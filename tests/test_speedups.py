@@ -401,3 +401,16 @@ def test_the_compiled_timed_lookup_gives_what_the_method_gives() -> None:
     with _default_instance.lent_to(other):
         assert stepwatch.timed("forward") is theirs  # the default's lookup, pointed at the lent state
     assert stepwatch.timed("forward") is own is Stopwatch.timed(default, "forward")
+
+
+def test_the_compiled_lookup_and_counter_refuse_keyword_arguments_when_made() -> None:
+    """``Lookup`` and ``Counter`` take their two objects by position; a keyword is refused, not ignored."""
+    if not _block_base.COMPILED:
+        pytest.fail("the development install was expected to build the C speedups")
+    sw = Stopwatch()
+    for made in (sw.timed, sw.count):
+        kind = type(made)
+        with pytest.raises(TypeError, match=rf"^{kind.__name__}\(\) takes no keyword arguments$"):
+            kind(sw, made, extra=1)
+        with pytest.raises(TypeError):
+            kind(sw)

@@ -66,6 +66,10 @@ static PyObject *
 counter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *sw, *fallback;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Counter() takes no keyword arguments");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "OO:Counter", &sw, &fallback)) {
         return NULL;
     }

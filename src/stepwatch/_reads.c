@@ -51,7 +51,15 @@ record_batch(BlockObject *block, PyObject *stacks, PyObject *stack, PyObject *no
 {
     PyObject *batches = slot_get(node, SLOT_BATCHES);
     PyObject *elapsed = batches == NULL ? NULL : difference(end, start);
-    PyObject *entry = elapsed == NULL ? NULL : Py_BuildValue("(nO)", read, elapsed);
+    PyObject *entry = elapsed == NULL ? NULL : PyTuple_New(2);
+    PyObject *count = entry == NULL ? NULL : PyLong_FromSsize_t(read);
+    if (count == NULL) {
+        Py_CLEAR(entry);
+    }
+    else {
+        PyTuple_SET_ITEM(entry, 0, count);
+        PyTuple_SET_ITEM(entry, 1, Py_NewRef(elapsed));
+    }
     Py_XDECREF(elapsed);
     int failed = entry == NULL || append_and_fold(stacks, node, batches, entry) < 0;
     Py_XDECREF(entry);
@@ -75,6 +83,21 @@ record_batch(BlockObject *block, PyObject *stacks, PyObject *stack, PyObject *no
     return failed ? -1 : 0;
 }
 
+/* ``del stack[-1]``, whose item the caller holds a reference of its own to (so that nothing is freed here): 0, or
+ * -1 with an exception. A plain list is shrunk in place, without the slice assignment's general machinery. */
+static int
+pop_held(PyObject *stack)
+{
+    Py_ssize_t size = PyList_GET_SIZE(stack);
+    if (!PyList_CheckExact(stack)) {
+        return PyList_SetSlice(stack, size - 1, size, NULL);
+    }
+    PyObject *item = PyList_GET_ITEM(stack, size - 1);
+    Py_SET_SIZE(stack, size - 1);
+    Py_DECREF(item);
+    return 0;
+}
+
 /* The read's frame taken off the stack, and the batch recorded (see TimedGetItems.read's ``finally``): 0, or -1
  * with an exception. */
 static int
@@ -91,7 +114,7 @@ close_reads(BlockObject *block, PyObject *stacks, PyObject *local, PyObject *sta
         failed = 1;
     }
     else if (PyList_GET_SIZE(stack) > 0 && PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) == frame) {
-        failed = PyList_SetSlice(stack, PyList_GET_SIZE(stack) - 1, PyList_GET_SIZE(stack), NULL) < 0;
+        failed = pop_held(stack) < 0; /* (the frame is held by read_samples) */
         if (!failed && now_local == local && node != parent) { /* not switched; (DROPPED is its own child) */
             failed = record_batch(block, stacks, stack, node, read, start, end) < 0;
         }
@@ -146,7 +169,8 @@ read_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         goto done;
     }
     Py_ssize_t read;
-    samples = PyObject_CallFunctionObjArgs(read_all, dataset, remaining, NULL);
+    PyObject *read_arguments[2] = {dataset, remaining};
+    samples = PyObject_Vectorcall(read_all, read_arguments, 2, NULL);
     if (samples != NULL && !PyList_Check(samples)) {
         PyErr_SetString(PyExc_TypeError, "stepwatch: read_all must return a list");
         Py_CLEAR(samples);

@@ -424,7 +424,11 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef speedups_module = {
-    PyModuleDef_HEAD_INIT, "stepwatch._speedups", "The timed block's hot path in C, and auto()'s wrappers' common case.", -1, module_methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "stepwatch._speedups",
+    .m_doc = "The timed block's hot path in C, and auto()'s wrappers' common case.",
+    .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC
