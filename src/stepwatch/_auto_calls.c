@@ -247,8 +247,7 @@ auto_call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     int kind;
     PyObject *original, *fallback, *grad_enabled, *inference_enabled;
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
-        PyErr_SetString(PyExc_TypeError, "AutoCall() takes no keyword arguments");
+    if (keywords_refused("AutoCall", kwargs)) {
         return NULL;
     }
     if (!PyArg_ParseTuple(args, "iOOOO:AutoCall", &kind, &original, &fallback, &grad_enabled, &inference_enabled)) {

@@ -212,8 +212,7 @@ static PyObject *
 auto_steps_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *session, *begin, *end, *counted, *batch_size;
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
-        PyErr_SetString(PyExc_TypeError, "AutoSteps() takes no keyword arguments");
+    if (keywords_refused("AutoSteps", kwargs)) {
         return NULL;
     }
     if (!PyArg_ParseTuple(args, "O!OOOO:AutoSteps", &AutoStateType, &session, &begin, &end, &counted, &batch_size)) {

@@ -66,8 +66,7 @@ static PyObject *
 counter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *sw, *fallback;
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
-        PyErr_SetString(PyExc_TypeError, "Counter() takes no keyword arguments");
+    if (keywords_refused("Counter", kwargs)) {
         return NULL;
     }
     if (!PyArg_ParseTuple(args, "OO:Counter", &sw, &fallback)) {

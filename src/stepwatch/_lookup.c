@@ -30,8 +30,7 @@ static PyObject *
 lookup_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *by_name, *fallback;
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
-        PyErr_SetString(PyExc_TypeError, "Lookup() takes no keyword arguments");
+    if (keywords_refused("Lookup", kwargs)) {
         return NULL;
     }
     if (!PyArg_ParseTuple(args, "OO:Lookup", &by_name, &fallback)) {

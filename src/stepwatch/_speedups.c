@@ -47,6 +47,18 @@ typedef struct {
 #define LIKELY(condition) (condition)
 #endif
 
+/* A type's constructor given keyword arguments, which none of this module's types take: 1 with a TypeError set
+ * (``Name() takes no keyword arguments``), or 0. */
+static int
+keywords_refused(const char *type_name, PyObject *kwargs)
+{
+    if (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0) {
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s() takes no keyword arguments", type_name);
+    return 1;
+}
+
 static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
     *s_thread_stack, *s_track, *s_fold, *s_unwind, *s_get, *s_append, *s_remove, *s_closed_live;
 

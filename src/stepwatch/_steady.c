@@ -95,8 +95,7 @@ steady_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *stacks, *local, *stack, *body_frame, *body_node, *wait_node, *phase, *clock, *iterator, *ticker;
     Py_ssize_t index;
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
-        PyErr_SetString(PyExc_TypeError, "SteadyLoop() takes no keyword arguments");
+    if (keywords_refused("SteadyLoop", kwargs)) {
         return NULL;
     }
     if (!PyArg_ParseTuple(args, "OOO!OOOOOOOn:SteadyLoop", &stacks, &local, &PyList_Type, &stack, &body_frame,
