@@ -40,9 +40,8 @@ def main() -> None:
     stepwatch.enable()
     loader = DataLoader(Samples(128), batch_size=8, num_workers=2, persistent_workers=True)
     for _ in range(2):  # two epochs
-        for batch in stepwatch.watch(loader):
-            busy(0.002)  # the step
-            stepwatch.count(samples=len(batch))
+        for _batch in stepwatch.watch(loader):
+            busy(0.002)  # the step (watch() counts each batch's samples)
     print(stepwatch.report(), end="")
 
 

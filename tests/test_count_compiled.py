@@ -185,7 +185,8 @@ def test_a_count_on_the_default_stopwatch_goes_where_its_state_is_lent() -> None
     sw.enable()
     for _ in sw.watch(DataLoader(CountingReads(), batch_size=2)):
         pass
-    assert dict(sw.summary().phases["train"].counters) == {"reads": 10}
+    # (and watch()'s own count of the samples: 4 batches of 2 after the one-off first step)
+    assert dict(sw.summary().phases["train"].counters) == {"reads": 10, "samples": 8}
     assert not stepwatch.summary().phases  # the default, off, counted nothing of its own
     stepwatch.enable()
     try:

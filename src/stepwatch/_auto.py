@@ -268,6 +268,7 @@ class AutoSession(AutoState):  # type: ignore[misc]
         if len(self.found.loaders) < _MAX_REMEMBERED:
             self.found.loaders.setdefault(id(loader), int(getattr(loader, "num_workers", 0) or 0))
         watched = self.sw.watch(_Plain(loader, original_iter), phase=name, loaders=[loader])
+        watched.counts_samples = False  # counted by _auto_steps, and not in a nested loop
         watched.for_frame = False  # the program's frame is not the one calling next() on it: _auto_steps is
         with contextlib.suppress(TypeError):  # a loader without weak references stays instrumented (and works)
             self.instrumented.add(loader)

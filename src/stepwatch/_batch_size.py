@@ -1,10 +1,17 @@
-"""How many samples a batch holds, found in the batch itself: auto-instrumentation counts them as ``samples``,
-and the Lightning and Hugging Face integrations too."""
+"""How many samples a batch holds, found in the batch itself: ``watch()`` and auto-instrumentation count them as
+``samples``, and the Lightning and Hugging Face integrations too."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._counters import batch_counter, count_batch_samples
+
+if TYPE_CHECKING:
+    from ._recorder import Stopwatch
+    from ._tree import Phase
 
 
 def batch_size(batch: Any, depth: int = 0) -> int | None:
@@ -43,3 +50,33 @@ def uniform_batches(loader: Any) -> tuple[int | None, int]:
         return size, len(loader.sampler) // size
     except Exception:  # a loader of any kind: no shortcut
         return None, 0
+
+
+class CountSamples:
+    """``watch()``'s count of each measured step's samples, as ``auto()`` counts them: the loader's batch size from
+    the second batch to the ``full``-th where torch's own batch sampler and collate make them (the first batch
+    checked: else every batch is looked into), the batch's first tensor's first dimension otherwise; nothing for a
+    batch without one. Where the program counts samples itself its count replaces this one
+    (``Phase.batch_samples``)."""
+
+    __slots__ = ("counter", "fallback", "full", "uniform")
+
+    def __init__(self, sw: Stopwatch, phase: Phase, samples: tuple[int | None, int]) -> None:
+        self.uniform, self.full = samples
+        self.counter = batch_counter(sw, phase)
+        self.fallback = functools.partial(count_batch_samples, sw)
+
+    def check_first(self, item: Any) -> None:
+        """The first batch holds what the loader's batch size says, or every batch is looked into."""
+        if self.uniform is not None and batch_size(item) != self.uniform:
+            self.full = 0
+
+    def count(self, item: Any, index: int) -> None:
+        """The ``index``-th batch's samples (its step just opened)."""
+        size = self.uniform if 1 < index <= self.full else batch_size(item)
+        if size:
+            self.counter(size)
+
+    def steady(self) -> tuple[int | None, int, Callable[[Any], int | None], Callable[[int], None]]:
+        """What the steady steps in C count with (``SteadyLoop``'s last argument)."""
+        return self.uniform if self.full else None, self.full, batch_size, self.fallback

@@ -27,7 +27,7 @@ counter_call(CounterObject *self, PyObject *const *args, size_t nargsf, PyObject
         PyObject *measuring = slot_get(stacks, SLOT_MEASURING);
         int on = measuring != NULL ? PyObject_IsTrue(measuring) : -1;
         Py_XDECREF(measuring);
-        int done = on <= 0 ? on : count_units(stacks, tree, &PyTuple_GET_ITEM(kwnames, 0), args, n);
+        int done = on <= 0 ? on : count_units(stacks, tree, &PyTuple_GET_ITEM(kwnames, 0), args, n, BY_PROGRAM);
         Py_DECREF(tree);
         Py_DECREF(stacks);
         if (done < 0) {

@@ -7,6 +7,7 @@ always be saved and reported. :func:`add_counts` is :meth:`Stopwatch.count <step
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -46,6 +47,8 @@ def add_counts(self: Stopwatch, **units: float) -> None:
     with self.tree.count_lock:
         phase.counting += 1  # (see Phase.counting)
         try:
+            if "samples" in units and phase.batch_samples is not None:
+                _take_back_batch_samples(phase)
             phase.count_calls += 1
             for unit, value in units.items():
                 _add(self, phase.counters, unit, value)
@@ -53,23 +56,43 @@ def add_counts(self: Stopwatch, **units: float) -> None:
             phase.counting -= 1
 
 
-def python_add_samples(self: Stopwatch, size: int) -> None:
-    """``count(samples=size)`` for auto-instrumentation's loop, where ``size`` is a positive int already: no
-    keywords and no checks on the training loop's path. :data:`add_samples` is this, or its common case in C."""
+def _take_back_batch_samples(phase: Phase) -> None:
+    """The program counts samples itself: what watch() and auto() counted from the batches in this phase is taken
+    back, and they count no more there (its own count is what it means by a sample)."""
+    counted, phase.batch_samples = phase.batch_samples, None
+    if counted and "samples" in phase.counters:
+        phase.counters["samples"] -= counted
+
+
+def count_batch_samples(self: Stopwatch, size: int, call: int = 0) -> None:
+    """A batch's ``size`` samples (a positive int) counted from the batch by ``watch()`` (``call`` 0: part of its
+    loop's boundary) or ``auto()`` (1: a ``count()`` call, for stepwatch's own cost): nothing where the program
+    counts its samples itself (``Phase.batch_samples``). No keywords and no checks on the training loop's path;
+    the common case is in C (``count_batch``, :data:`add_samples`)."""
     phase = _measured_phase(self)
     if phase is not None:
         counters = phase.counters
         with self.tree.count_lock:
             phase.counting += 1  # (see Phase.counting)
             try:
-                phase.count_calls += 1
+                counted = phase.batch_samples
+                if counted is None:
+                    return
+                phase.count_calls += call
                 total = counters.get("samples", 0) + size
                 if total <= COUNTER_LIMIT:  # (``_add``'s common case, inlined)
                     counters["samples"] = total
                 else:
                     _add(self, counters, "samples", size)
+                phase.batch_samples = counted + size
             finally:
                 phase.counting -= 1
+
+
+def python_add_samples(self: Stopwatch, size: int) -> None:
+    """auto()'s count of a batch's samples (:func:`count_batch_samples`, a ``count()`` call for stepwatch's own
+    cost). :data:`add_samples` is this, or its common case in C."""
+    count_batch_samples(self, size, 1)
 
 
 def _measured_phase(self: Stopwatch) -> Phase | None:
@@ -128,6 +151,17 @@ def _compiled_add_samples() -> Callable[[Stopwatch, int], None] | None:
 
 add_samples: Callable[[Stopwatch, int], None] = _compiled_add_samples() or python_add_samples
 """auto()'s count of a batch's samples: :func:`python_add_samples`, or its common case in C."""
+
+
+def batch_counter(self: Stopwatch, phase: Phase) -> Callable[[int], None]:
+    """watch()'s count of a batch's samples into its loop's ``phase``, called with the batch's step open:
+    :func:`count_batch_samples`, or its common case in C (``count_batch``, which does not look for the phase)."""
+    fallback = functools.partial(count_batch_samples, self)
+    if add_samples is python_add_samples:  # not compiled
+        return fallback
+    from ._speedups import count_batch  # type: ignore[import-not-found,unused-ignore]
+
+    return functools.partial(count_batch, self.stacks, phase, fallback)
 
 
 def counter(self: Stopwatch) -> Callable[..., None]:

@@ -122,15 +122,62 @@ within_limits(PyObject *total)
 
 #define MAX_UNITS 8 /* units counted in C at once; a count() of more goes to the Python function */
 
-/* ``phase.count_calls += 1`` and ``counters[unit] += value`` for each of the ``n`` units, if every total stays
- * within the limits; 1: done, 0: the Python function is to do it (nothing was changed), -1: an exception. Called
- * with the counters' lock held; no Python code runs between the reads and the writes. */
+/* Whose count it is: the program's own ``count()`` (its samples replace those counted from the batches, see
+ * ``Phase.batch_samples``), auto()'s of a batch's samples (a count() call for stepwatch's own cost), or watch()'s
+ * (part of its loop's step boundary). */
+typedef enum { BY_PROGRAM, BY_AUTO, BY_WATCH } CountedBy;
+
+/* Whether ``unit`` is "samples": 1, 0, or -1 with an exception. */
 static int
-add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, Py_ssize_t n)
+is_samples(PyObject *unit)
 {
+    if (unit == s_samples) {
+        return 1;
+    }
+    if (!PyUnicode_Check(unit)) {
+        return 0;
+    }
+    int different = PyUnicode_Compare(unit, s_samples);
+    return different == -1 && PyErr_Occurred() ? -1 : !different;
+}
+
+/* ``phase.count_calls += 1`` (not for watch()'s count) and ``counters[unit] += value`` for each of the ``n``
+ * units, if every total stays within the limits; for a batch's samples (``by`` auto() or watch(): one unit,
+ * samples) ``phase.batch_samples += value`` too, or nothing where the program counts its samples itself. 1: done,
+ * 0: the Python function is to do it (nothing was changed: a counter past its limit, or the program's first
+ * count of samples, which takes the batches' count back), -1: an exception. Called with the counters' lock held;
+ * no Python code runs between the reads and the writes. */
+static int
+add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, Py_ssize_t n, CountedBy by)
+{
+    PyObject *batches = slot_get(phase, SLOT_BATCH_SAMPLES); /* then the new total of the batches' samples */
+    if (batches == NULL) {
+        return -1;
+    }
+    if (batches != Py_None && by == BY_PROGRAM) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int samples = is_samples(units[i]);
+            if (samples != 0) {
+                Py_DECREF(batches);
+                return samples < 0 ? -1 : 0; /* samples: the Python function takes the batches' count back */
+            }
+        }
+    }
+    if (by != BY_PROGRAM) {
+        PyObject *counted = batches;
+        batches = counted == Py_None ? NULL : PyLong_CheckExact(counted) ? PyNumber_Add(counted, values[0]) : NULL;
+        Py_DECREF(counted);
+        if (batches == NULL) {
+            return PyErr_Occurred() ? -1 : counted == Py_None; /* None: counted by the program; else to Python */
+        }
+    }
+    else {
+        Py_CLEAR(batches);
+    }
     PyObject *counters = slot_get(phase, SLOT_COUNTERS);
     if (counters == NULL || !PyDict_CheckExact(counters)) {
         Py_XDECREF(counters);
+        Py_XDECREF(batches);
         return counters == NULL ? -1 : 0;
     }
     PyObject *totals[MAX_UNITS];
@@ -151,15 +198,19 @@ add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, P
         totals[made++] = total;
         result = within_limits(total);
     }
-    if (result == 1) {
+    if (result == 1 && by != BY_WATCH) {
         result = slot_increment(phase, SLOT_COUNT_CALLS) == 0 ? 1 : -1;
-        for (Py_ssize_t i = 0; result == 1 && i < n; i++) {
-            result = PyDict_SetItem(counters, units[i], totals[i]) < 0 ? -1 : 1;
-        }
+    }
+    for (Py_ssize_t i = 0; result == 1 && i < n; i++) {
+        result = PyDict_SetItem(counters, units[i], totals[i]) < 0 ? -1 : 1;
+    }
+    if (result == 1 && batches != NULL) {
+        result = slot_set(phase, SLOT_BATCH_SAMPLES, batches) < 0 ? -1 : 1;
     }
     for (Py_ssize_t i = 0; i < made; i++) {
         Py_DECREF(totals[i]);
     }
+    Py_XDECREF(batches);
     Py_DECREF(counters);
     return result;
 }
@@ -168,7 +219,8 @@ add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, P
  * function is to do it (nothing was changed); -1, an exception. The counters' lock (in situ, a 3 us acquire) is
  * taken only while a Python writer holds it (``phase.counting``). */
 static int
-count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *const *values, Py_ssize_t n)
+count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *const *values, Py_ssize_t n,
+            CountedBy by)
 {
     PyObject *phase = measured_phase(stacks, tree);
     PyObject *first = phase != NULL ? slot_get(phase, SLOT_IN_FIRST_STEP) : NULL;
@@ -176,7 +228,7 @@ count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *
     if (writers != NULL && PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0) {
         /* no Python writer is between its read and its write (they count themselves in under the lock): this
          * update, with no Python code and so no other thread running in it, needs no lock of its own */
-        int done = add_to_phase(phase, units, values, n);
+        int done = add_to_phase(phase, units, values, n, by);
         Py_DECREF(writers);
         Py_DECREF(first);
         Py_DECREF(phase);
@@ -187,7 +239,7 @@ count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *
     PyObject *held = lock != NULL ? PyObject_CallMethodNoArgs(lock, s_acquire) : NULL;
     int done = 0;
     if (held != NULL) {
-        done = add_to_phase(phase, units, values, n);
+        done = add_to_phase(phase, units, values, n, by);
         PyObject *type = NULL, *value = NULL, *traceback = NULL;
         if (done < 0) {
             PyErr_Fetch(&type, &value, &traceback); /* the count's own error is the one raised */
@@ -215,7 +267,7 @@ count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *
 static PyObject *
 samples_counted(PyObject *sw, PyObject *stacks, PyObject *tree, PyObject *size)
 {
-    int done = stacks != NULL && tree != NULL ? count_units(stacks, tree, &s_samples, &size, 1) : -1;
+    int done = stacks != NULL && tree != NULL ? count_units(stacks, tree, &s_samples, &size, 1, BY_AUTO) : -1;
     if (done == 1) {
         Py_RETURN_NONE;
     }
@@ -224,6 +276,54 @@ samples_counted(PyObject *sw, PyObject *stacks, PyObject *tree, PyObject *size)
     }
     PyObject *args[2] = {sw, size};
     return PyObject_Vectorcall(counts_fallback, args, 2, NULL); /* every other case, as it always was */
+}
+
+/* watch()'s count of a batch's ``size`` samples into its loop's ``phase``, the batch's step just opened: what
+ * ``_counters.count_batch_samples`` does, without finding the phase (the loop knows it). 1: done (or nothing to
+ * count: not measuring, the one-off first step, the program counting its samples), 0: the Python function is to
+ * do it (a Python writer of the counters under way, a counter past its limit), -1: an exception. */
+static int
+batch_counted(PyObject *stacks, PyObject *phase, PyObject *size)
+{
+    PyObject *measuring = slot_get(stacks, SLOT_MEASURING);
+    PyObject *first = measuring == Py_True ? slot_get(phase, SLOT_IN_FIRST_STEP) : NULL;
+    PyObject *writers = first == Py_False ? slot_get(phase, SLOT_COUNTING) : NULL;
+    int done;
+    if (measuring == NULL || (measuring == Py_True && first == NULL) || (first == Py_False && writers == NULL)) {
+        done = -1;
+    }
+    else if (measuring != Py_True || first != Py_False) {
+        done = PyObject_IsTrue(measuring) < 0 ? -1 : 1; /* not measuring, or the first step: not counted */
+    }
+    else if (PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0) {
+        done = add_to_phase(phase, &s_samples, &size, 1, BY_WATCH); /* (no lock needed: see count_units) */
+    }
+    else {
+        done = 0;
+    }
+    Py_XDECREF(writers);
+    Py_XDECREF(first);
+    Py_XDECREF(measuring);
+    return done;
+}
+
+/* count_batch(stacks, phase, fallback, size): watch()'s count of a batch's samples (``batch_counted``), or
+ * ``fallback(size)`` for every case it hands on; None. */
+static PyObject *
+count_batch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "count_batch(stacks, phase, fallback, size)");
+        return NULL;
+    }
+    int done = batch_counted(args[0], args[1], args[3]);
+    if (done < 0) {
+        return NULL;
+    }
+    if (done == 0) {
+        return PyObject_Vectorcall(args[2], &args[3], 1, NULL);
+    }
+    Py_RETURN_NONE;
 }
 
 static int

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._batch_size import CountSamples
 from ._block_base import SteadyLoop, swap_frame
 from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD
 from ._dataloader.find import loader_config
@@ -52,6 +53,7 @@ def iterate(
     beats: bool = False,
     around: Callable[[], Callable[[], None]] | None = None,
     for_frame: bool = True,
+    samples: tuple[int | None, int] | None = None,
 ) -> Generator[T, None, None]:
     """The generator behind :meth:`Stopwatch.timed_iter`; ``source``, when it is a DataLoader, has its
     configuration recorded for the phase (the advice depends on it). A ``driven`` loop is advanced by hooks
@@ -61,7 +63,10 @@ def iterate(
     wait, yielding :data:`WAITING`; the second ends the wait and starts the next step, yielding None. ``around``
     is called as the loop starts (before ``iter(iterable)``) and what it returns as the loop ends: ``watch()``'s
     setup, with no generator of its own between the loop and its batches. ``for_frame``: whether the frame
-    calling ``next()`` is the one whose ``for`` statement consumes the loop (not behind auto()'s iterator)."""
+    calling ``next()`` is the one whose ``for`` statement consumes the loop (not behind auto()'s iterator).
+    ``samples``: count each measured step's batch's samples (``watch()``), ``(uniform, full)`` as
+    :func:`~stepwatch._batch_size.uniform_batches` gives them; a loop without a phase of its own counts none (its
+    batches are the enclosing step's)."""
     clock = sw.clock
     stacks = sw.stacks
     stack = stacks.thread_stack()
@@ -93,6 +98,7 @@ def iterate(
     sites.append(site)
     loop_started = clock()
     ended: Callable[[], None] | None = None
+    counting = CountSamples(sw, phase, samples) if samples is not None and own_phase else None
     try:
         if own_phase:
             config = loader_config(iterable if source is None else source)
@@ -121,8 +127,9 @@ def iterate(
             fetched = False  # an item the steady steps fetched without opening its step: the general path opens it
             if steady and body_frame is not None and body_frame[1] is body_node and not every and index >= warmup:
                 # the steady state of most loops: the steps run in C (``_steady.c``) until it no longer holds
+                sizes = None if counting is None else counting.steady()  # (the batches' samples counted with)
                 steps = SteadyLoop(
-                    stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index
+                    stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index, sizes
                 )
                 try:
                     yield from steps
@@ -210,6 +217,8 @@ def iterate(
                     # the path of most steps again: the clock read, the wait closed, the step opened and counted
                     wait_frame, body_frame = None, opened
                     index += 1
+                    if counting is not None:
+                        counting.count(item, index)
                     yield item
                     continue
             ready = clock()
@@ -249,6 +258,11 @@ def iterate(
                     start, allocated, reserved = device.begin(body, stack[-1])
                     body_frame = [LOOP, node, ready, start, allocated, reserved]
                 stack.append(body_frame)
+                if counting is not None:
+                    if index == 1:
+                        counting.check_first(item)
+                    if not starting:
+                        counting.count(item, index)
             elif own_phase and stacks.was_enabled:
                 # a step that begins while not measuring: blocks in it (were stepwatch switched on in the middle
                 # of it) are dropped with it, rather than recorded at the phase's top level

@@ -17,6 +17,7 @@ typedef enum {
     SLOT_CHILDREN, SLOT_BUF, SLOT_BATCHES,                    /* Node */
     SLOT_COUNTERS, SLOT_COUNT_CALLS, SLOT_IN_FIRST_STEP,      /* Phase */
     SLOT_COUNTING, SLOT_LOOP_NS, SLOT_STEPS, SLOT_SCHEDULE_POS,
+    SLOT_BATCH_SAMPLES,
     SLOT_TICKS,                                               /* PeriodicCalls */
     SLOTS
 } Slot;
@@ -32,7 +33,7 @@ typedef enum {
 /* Each slot's attribute name. */
 static const char *const slot_text[SLOTS] = {
     "measuring", "hot", "local", "children", "buf", "batches", "counters", "count_calls", "in_first_step",
-    "counting", "loop_ns", "steps", "schedule_pos", "ticks",
+    "counting", "loop_ns", "steps", "schedule_pos", "batch_samples", "ticks",
 };
 static PyObject *slot_names[SLOTS]; /* interned, read where a slot is read by name (another type, or not set) */
 
@@ -57,7 +58,7 @@ typedef struct {
  * wrappers read at every call (_auto_calls.c, _auto_fast.c, _auto_state.c). */
 static struct {
     PyTypeObject *types[SLOT_OWNERS]; /* NULL before configure_slots() */
-    unsigned short offsets[SLOTS];
+    unsigned char offsets[SLOTS]; /* (a slot's offset is 16 + 8 per slot before it: small) */
     unsigned int block_version; /* the version tag of the last class found to be a BlockBase (_bound.c), or 0 */
     PyObject *perf_counter_ns;                                          /* time.perf_counter_ns */
     PyObject *cached_local, *cached_thread, *cached_stack, *cached_values; /* _frames.c */
@@ -171,7 +172,7 @@ find_slot(PyTypeObject *type, Slot slot)
     if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
         ((PyMemberDescrObject *)descriptor)->d_common.d_type == type &&
         ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX &&
-        ((PyMemberDescrObject *)descriptor)->d_member->offset <= USHRT_MAX) {
+        ((PyMemberDescrObject *)descriptor)->d_member->offset <= UCHAR_MAX) {
         offset = ((PyMemberDescrObject *)descriptor)->d_member->offset;
     }
     Py_DECREF(descriptor);
@@ -209,13 +210,13 @@ configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
     }
     PyTypeObject *owners[SLOT_OWNERS] = {(PyTypeObject *)args[0], (PyTypeObject *)args[1], (PyTypeObject *)args[2],
                                          (PyTypeObject *)args[4]};
-    unsigned short offsets[SLOTS];
+    unsigned char offsets[SLOTS];
     for (int slot = 0; slot < SLOTS; slot++) {
         Py_ssize_t offset = find_slot(owners[SLOT_OWNER(slot)], (Slot)slot);
         if (offset < 0) {
             return NULL;
         }
-        offsets[slot] = (unsigned short)offset;
+        offsets[slot] = (unsigned char)offset;
     }
     PyTypeObject *old[SLOT_OWNERS];
     for (int owner = 0; owner < SLOT_OWNERS; owner++) {

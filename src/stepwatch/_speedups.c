@@ -419,6 +419,8 @@ static PyMethodDef module_methods[] = {
      "configure_counts(dropped, default_phase, limit, fallback): what add_samples compares with, and hands on to."},
     {"add_samples", (PyCFunction)(void (*)(void))add_samples, METH_FASTCALL,
      "add_samples(sw, size): auto()'s count of a batch's samples (see stepwatch/_counts.c)."},
+    {"count_batch", (PyCFunction)(void (*)(void))count_batch, METH_FASTCALL,
+     "count_batch(stacks, phase, fallback, size): watch()'s count of a batch's samples (see stepwatch/_counts.c)."},
     {"share_session", share_session, METH_O,
      "share_session(session): stepwatch._patches.session, for AutoCall; the one before."},
     {"swap_frame", (PyCFunction)(void (*)(void))swap_frame, METH_FASTCALL,

@@ -23,9 +23,35 @@ typedef struct {
     PyObject_HEAD
     PyObject *stacks, *local, *stack, *body_node, *wait_node, *phase, *clock, *iterator, *ticker;
     PyObject *wait_frame, *body_frame, *item; /* NULL: none */
-    Py_ssize_t index;
+    PyObject *uniform, *size_of, *count_fallback; /* watch()'s count of each batch's samples; size_of NULL: none */
+    Py_ssize_t index, full;
     int outcome;
 } SteadyLoopObject;
+
+/* watch()'s count of the samples of the batch just fetched, its step open (``_loops.count_samples``): the loader's
+ * batch size from the second batch to the ``full``-th, found in the batch otherwise; 0, or -1 with an exception. */
+static int
+steady_count(SteadyLoopObject *self, PyObject *item)
+{
+    PyObject *size = self->uniform != NULL && self->index > 1 && self->index <= self->full
+                         ? Py_NewRef(self->uniform)
+                         : PyObject_CallOneArg(self->size_of, item);
+    if (size == NULL) {
+        return -1;
+    }
+    int done = 1, overflow = 0;
+    long long value = PyLong_CheckExact(size) ? PyLong_AsLongLongAndOverflow(size, &overflow) : 0;
+    if (value > 0 || overflow > 0) { /* a positive int (None, 0: nothing to count) */
+        done = batch_counted(self->stacks, self->phase, size);
+        if (done == 0) {
+            PyObject *counted = PyObject_CallOneArg(self->count_fallback, size);
+            done = counted == NULL ? -1 : 1;
+            Py_XDECREF(counted);
+        }
+    }
+    Py_DECREF(size);
+    return done < 0 ? -1 : 0;
+}
 
 static PyObject *
 steady_next(SteadyLoopObject *self)
@@ -74,6 +100,10 @@ steady_next(SteadyLoopObject *self)
     Py_CLEAR(self->wait_frame);
     self->body_frame = opened;
     self->index++;
+    if (self->size_of != NULL && steady_count(self, item) < 0) {
+        Py_DECREF(item); /* (the step stays open, as after any exception in a step: the generator closes it) */
+        return NULL;
+    }
     return item;
 }
 
@@ -94,12 +124,21 @@ static PyObject *
 steady_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *stacks, *local, *stack, *body_frame, *body_node, *wait_node, *phase, *clock, *iterator, *ticker;
-    Py_ssize_t index;
+    PyObject *counting = Py_None, *uniform = Py_None, *size_of = NULL, *count_fallback = NULL;
+    Py_ssize_t index, full = 0;
     if (keywords_refused("SteadyLoop", kwargs)) {
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOO!OOOOOOOn:SteadyLoop", &stacks, &local, &PyList_Type, &stack, &body_frame,
-                          &body_node, &wait_node, &phase, &clock, &iterator, &ticker, &index)) {
+    if (!PyArg_ParseTuple(args, "OOO!OOOOOOOn|O:SteadyLoop", &stacks, &local, &PyList_Type, &stack, &body_frame,
+                          &body_node, &wait_node, &phase, &clock, &iterator, &ticker, &index, &counting)) {
+        return NULL;
+    }
+    if (counting != Py_None && !PyArg_ParseTuple(counting, "OnOO:SteadyLoop counting (uniform, full, size_of, "
+                                                           "fallback)", &uniform, &full, &size_of, &count_fallback)) {
+        return NULL;
+    }
+    if (uniform != Py_None && !PyLong_CheckExact(uniform)) {
+        PyErr_SetString(PyExc_TypeError, "SteadyLoop(): the uniform batch size is an int or None");
         return NULL;
     }
     if (!PyIter_Check(iterator)) {
@@ -121,6 +160,10 @@ steady_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         *fields[i] = Py_NewRef(values[i]);
     }
     self->index = index;
+    self->full = full;
+    self->uniform = uniform != Py_None ? Py_NewRef(uniform) : NULL;
+    self->size_of = Py_XNewRef(size_of);
+    self->count_fallback = Py_XNewRef(count_fallback);
     return (PyObject *)self;
 }
 
@@ -139,6 +182,9 @@ steady_traverse(SteadyLoopObject *self, visitproc visit, void *arg)
     Py_VISIT(self->wait_frame);
     Py_VISIT(self->body_frame);
     Py_VISIT(self->item);
+    Py_VISIT(self->uniform);
+    Py_VISIT(self->size_of);
+    Py_VISIT(self->count_fallback);
     return 0;
 }
 
@@ -157,6 +203,9 @@ steady_clear(SteadyLoopObject *self)
     Py_CLEAR(self->wait_frame);
     Py_CLEAR(self->body_frame);
     Py_CLEAR(self->item);
+    Py_CLEAR(self->uniform);
+    Py_CLEAR(self->size_of);
+    Py_CLEAR(self->count_fallback);
     return 0;
 }
 

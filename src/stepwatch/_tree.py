@@ -99,6 +99,7 @@ class Phase:
     """Recording state of one phase (``train``, ``val``, ...)."""
 
     __slots__ = (
+        "batch_samples",
         "consuming",
         "count_calls",
         "counters",
@@ -122,11 +123,15 @@ class Phase:
         self.workers: dict[int, WorkerTotals] = {}
         self.counters: dict[str, float] = {}
         self.counting = 0  # Python writers of the counters now (under the count lock): C's writer then takes it
+        self.batch_samples: int | None = 0
         self.clear()
 
     def clear(self) -> None:
         self.root.clear()
         self.counters = {}
+        # the samples that watch() and auto() counted from the batches (in counters["samples"]); None once the
+        # program counts samples itself: its count then replaces theirs, taken back at its first (see _counters)
+        self.batch_samples = 0
         self.count_calls = 0  # count() calls that added to the counters: stepwatch's own cost counts them
         self.loop_ns = 0
         self.steps = 0
@@ -154,6 +159,7 @@ class Phase:
 
 
 _RECORDED = (
+    "batch_samples",
     "count_calls",
     "counters",
     "consuming",

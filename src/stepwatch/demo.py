@@ -126,14 +126,12 @@ def train_once(num_workers: int, samples: int, epochs: int, batch_size: int) -> 
                 with stepwatch.timed("optimizer"):
                     optimizer.step()
                     optimizer.zero_grad()
-                stepwatch.count(samples=len(y))
             model.eval()
             correct = 0
             with torch.no_grad():
                 for x, y in stepwatch.watch(val, phase="val"):
                     with stepwatch.timed("forward"):
                         correct += int((model(x).argmax(1) == y).sum())
-                    stepwatch.count(samples=len(y))
         summary = stepwatch.summary()
     finally:
         stepwatch.disable()

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .._batch_size import uniform_batches
 from .._blocks import check_loop_names
 from .._loops import iterate
 from .find import find_loaders, is_loader
@@ -148,6 +149,8 @@ class WatchedLoader(Generic[T]):
         self.for_frame = True
         """Whether the frame calling ``next()`` on the loop is the one whose ``for`` statement consumes it
         (False: auto()'s iterator stands between them; see ``_loop_sites.LoopSite``)."""
+        self.counts_samples = True
+        """Whether the loop counts each batch's samples (False: auto() counts them itself)."""
 
     @property
     def loader(self) -> Any:
@@ -165,6 +168,9 @@ class WatchedLoader(Generic[T]):
             return iter(self.iterable)  # the loaders' own batches (unwrapped by Unwrapping)
 
         check_loop_names(self.stage, self.body, self.phase)
+        samples = None
+        if self.counts_samples:  # a loader of loaders: its batches are looked into
+            samples = uniform_batches(self.loader) if self.iterable is self.loader else (None, 0)
         return iterate(
             self.stopwatch,
             self.iterable,
@@ -174,6 +180,7 @@ class WatchedLoader(Generic[T]):
             source=self.loader,
             around=self._watching,
             for_frame=self.for_frame,
+            samples=samples,
         )
 
     def _watching(self) -> Callable[[], None]:
