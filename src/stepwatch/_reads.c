@@ -16,7 +16,7 @@
  * process case, its wrapped function called inside the stopwatch's ``collate`` block, without its frame.
  */
 
-static PyObject *s_timeline, *s_events, *s_len, *s_enabled, *s_watching, *s_collate_fn;
+static PyObject *s_events, *s_len, *s_enabled, *s_watching, *s_collate_fn;
 
 /* The reads that count when the batch failed: as ``TimedGetItems.read`` counts them (the samples read and the
  * one that failed, where the indices have a length and their iterator a length hint; 1 otherwise). The
@@ -44,10 +44,10 @@ reads_before_failure(PyObject *indices, PyObject *remaining)
 }
 
 /* The batch's entry ``(read, end - start)`` in ``node.batches`` (folded as a block's buffer is), and its event
- * on the timeline where one is kept: 0, or -1 with an exception. */
+ * on the timeline where one is kept (``stacks.timeline``, read at its offset: by name on the stopwatch, a few
+ * cache lines more at each batch): 0, or -1 with an exception. */
 static int
-record_batch(BlockObject *block, PyObject *stacks, PyObject *stack, PyObject *node, Py_ssize_t read, PyObject *start,
-             PyObject *end)
+record_batch(PyObject *stacks, PyObject *stack, PyObject *node, Py_ssize_t read, PyObject *start, PyObject *end)
 {
     PyObject *batches = slot_get(node, SLOT_BATCHES);
     PyObject *elapsed = batches == NULL ? NULL : difference(end, start);
@@ -67,7 +67,7 @@ record_batch(BlockObject *block, PyObject *stacks, PyObject *stack, PyObject *no
     if (failed) {
         return -1;
     }
-    PyObject *timeline = PyObject_GetAttr(block->sw, s_timeline);
+    PyObject *timeline = slot_get(stacks, SLOT_TIMELINE); /* the stopwatch's (see Stopwatch._set_timeline) */
     if (timeline == NULL || timeline == Py_None) {
         Py_XDECREF(timeline);
         return timeline == NULL ? -1 : 0;
@@ -116,7 +116,7 @@ close_reads(BlockObject *block, PyObject *stacks, PyObject *local, PyObject *sta
     else if (PyList_GET_SIZE(stack) > 0 && PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) == frame) {
         failed = pop_held(stack) < 0; /* (the frame is held by read_samples) */
         if (!failed && now_local == local && node != parent) { /* not switched; (DROPPED is its own child) */
-            failed = record_batch(block, stacks, stack, node, read, start, end) < 0;
+            failed = record_batch(stacks, stack, node, read, start, end) < 0;
         }
     }
     else if (now_local == local) {
@@ -265,7 +265,7 @@ reads_ready(void)
         PyObject **slot;
         const char *text;
     } names[] = {
-        {&s_timeline, "timeline"}, {&s_events, "events"},     {&s_len, "__len__"},
+        {&s_events, "events"},     {&s_len, "__len__"},
         {&s_enabled, "enabled"},   {&s_watching, "watching"}, {&s_collate_fn, "collate_fn"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {

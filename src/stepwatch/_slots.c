@@ -13,7 +13,7 @@
 /* The classes whose slots are read, and the slots. */
 enum { OF_STACKS, OF_NODE, OF_PHASE, OF_PERIODIC, SLOT_OWNERS };
 typedef enum {
-    SLOT_MEASURING, SLOT_HOT, SLOT_LOCAL,                     /* ThreadStacks */
+    SLOT_MEASURING, SLOT_HOT, SLOT_LOCAL, SLOT_TIMELINE,      /* ThreadStacks */
     SLOT_CHILDREN, SLOT_BUF, SLOT_BATCHES,                    /* Node */
     SLOT_COUNTERS, SLOT_COUNT_CALLS, SLOT_IN_FIRST_STEP,      /* Phase */
     SLOT_COUNTING, SLOT_LOOP_NS, SLOT_STEPS, SLOT_SCHEDULE_POS,
@@ -32,7 +32,7 @@ typedef enum {
 
 /* Each slot's attribute name. */
 static const char *const slot_text[SLOTS] = {
-    "measuring", "hot", "local", "children", "buf", "batches", "counters", "count_calls", "in_first_step",
+    "measuring", "hot", "local", "timeline", "children", "buf", "batches", "counters", "count_calls", "in_first_step",
     "counting", "loop_ns", "steps", "schedule_pos", "batch_samples", "ticks",
 };
 static PyObject *slot_names[SLOTS]; /* interned, read where a slot is read by name (another type, or not set) */
