@@ -216,7 +216,8 @@ def test_the_pure_python_switch_leaves_auto_in_python() -> None:
 
 
 def counted(add: object) -> list[tuple[object, int]]:
-    """``add(sw, 8)`` at each moment a sample count can come: (the train phase's samples, its count calls)."""
+    """``add(sw, 8)`` at each moment a sample count can come: (the train phase's samples as reported, the batches'
+    count merged into the program's own counter, its count calls)."""
     sw = stepwatch.Stopwatch()
     sw.enable()
     seen: list[tuple[object, int]] = []
@@ -224,7 +225,7 @@ def counted(add: object) -> list[tuple[object, int]]:
     def count(size: int = 8) -> None:
         add(sw, size)  # type: ignore[operator]
         phase = sw.tree.phases.get("train")
-        seen.append((phase.counters.get("samples") if phase else None, phase.count_calls if phase else 0))
+        seen.append((phase.counted().get("samples") if phase else None, phase.count_calls if phase else 0))
 
     loop = sw.timed_iter(range(6))
     next(loop)
@@ -234,8 +235,8 @@ def counted(add: object) -> list[tuple[object, int]]:
     count(3)
     with sw.timed("inner"):
         count()  # inside a block of the step
-    sw.tree.phases["train"].counters["samples"] = 1.5
-    count()  # a float counter
+    sw.tree.phases["train"].counters["samples"] = 1.5  # (a program's own count restored from a checkpoint, say)
+    count()  # a float counter beside the batches' count: merged
     sw.tree.phases["train"].counters["samples"] = _counters.COUNTER_LIMIT
     count()  # saturated: stays at the limit
     del sw.tree.phases["train"].counters["samples"]
@@ -263,11 +264,11 @@ def test_the_compiled_sample_count_adds_what_the_python_one_does() -> None:
         (8, 1),
         (11, 2),
         (19, 3),
-        (9.5, 4),
+        (28.5, 4),
         (_counters.COUNTER_LIMIT, 5),
-        (None, 5),
-        (8, 6),
-        (8, 6),
+        (35, 5),  # not measuring: the batches' count as it was
+        (43, 6),
+        (43, 6),
     ]
     assert counted(_counters.python_add_samples) == expected
     assert counted(_counters.add_samples) == expected

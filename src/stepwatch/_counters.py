@@ -57,34 +57,26 @@ def add_counts(self: Stopwatch, **units: float) -> None:
 
 
 def _take_back_batch_samples(phase: Phase) -> None:
-    """The program counts samples itself: what watch() and auto() counted from the batches in this phase is taken
-    back, and they count no more there (its own count is what it means by a sample)."""
-    counted, phase.batch_samples = phase.batch_samples, None
-    if counted and "samples" in phase.counters:
-        phase.counters["samples"] -= counted
+    """The program counts samples itself: what watch() and auto() counted from the batches in this phase is
+    dropped, and they count no more there (its own count is what it means by a sample)."""
+    phase.batch_samples = None
 
 
 def count_batch_samples(self: Stopwatch, size: int, call: int = 0) -> None:
     """A batch's ``size`` samples (a positive int) counted from the batch by ``watch()`` (``call`` 0: part of its
-    loop's boundary) or ``auto()`` (1: a ``count()`` call, for stepwatch's own cost): nothing where the program
-    counts its samples itself (``Phase.batch_samples``). No keywords and no checks on the training loop's path;
-    the common case is in C (``count_batch``, :data:`add_samples`)."""
+    loop's boundary) or ``auto()`` (1: a ``count()`` call, for stepwatch's own cost), in ``Phase.batch_samples``
+    (apart from the program's counters, merged into them by ``Phase.counted``): nothing where the program counts
+    its samples itself. No keywords and no checks on the training loop's path; the common case is in C
+    (``count_batch``, :data:`add_samples`)."""
     phase = _measured_phase(self)
     if phase is not None:
-        counters = phase.counters
         with self.tree.count_lock:
             phase.counting += 1  # (see Phase.counting)
             try:
                 counted = phase.batch_samples
-                if counted is None:
-                    return
-                phase.count_calls += call
-                total = counters.get("samples", 0) + size
-                if total <= COUNTER_LIMIT:  # (``_add``'s common case, inlined)
-                    counters["samples"] = total
-                else:
-                    _add(self, counters, "samples", size)
-                phase.batch_samples = counted + size
+                if counted is not None:
+                    phase.count_calls += call
+                    phase.batch_samples = counted + size
             finally:
                 phase.counting -= 1
 

@@ -141,43 +141,28 @@ is_samples(PyObject *unit)
     return different == -1 && PyErr_Occurred() ? -1 : !different;
 }
 
-/* ``phase.count_calls += 1`` (not for watch()'s count) and ``counters[unit] += value`` for each of the ``n``
- * units, if every total stays within the limits; for a batch's samples (``by`` auto() or watch(): one unit,
- * samples) ``phase.batch_samples += value`` too, or nothing where the program counts its samples itself. 1: done,
- * 0: the Python function is to do it (nothing was changed: a counter past its limit, or the program's first
- * count of samples, which takes the batches' count back), -1: an exception. Called with the counters' lock held;
- * no Python code runs between the reads and the writes. */
+/* ``phase.count_calls += 1`` and ``counters[unit] += value`` for each of the ``n`` units of the program's own
+ * count, if every total stays within the limits; 1: done, 0: the Python function is to do it (nothing was changed:
+ * a counter past its limit, or the program's first count of samples, which stops the batches' count), -1: an
+ * exception. Called with the counters' lock held; no Python code runs between the reads and the writes. */
 static int
-add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, Py_ssize_t n, CountedBy by)
+add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, Py_ssize_t n)
 {
-    PyObject *batches = slot_get(phase, SLOT_BATCH_SAMPLES); /* then the new total of the batches' samples */
+    PyObject *batches = slot_get(phase, SLOT_BATCH_SAMPLES);
     if (batches == NULL) {
         return -1;
     }
-    if (batches != Py_None && by == BY_PROGRAM) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int samples = is_samples(units[i]);
-            if (samples != 0) {
-                Py_DECREF(batches);
-                return samples < 0 ? -1 : 0; /* samples: the Python function takes the batches' count back */
-            }
+    int counted_by_batches = batches != Py_None;
+    Py_DECREF(batches);
+    for (Py_ssize_t i = 0; counted_by_batches && i < n; i++) {
+        int samples = is_samples(units[i]);
+        if (samples != 0) {
+            return samples < 0 ? -1 : 0; /* samples: the Python function stops the batches' count */
         }
-    }
-    if (by != BY_PROGRAM) {
-        PyObject *counted = batches;
-        batches = counted == Py_None ? NULL : PyLong_CheckExact(counted) ? PyNumber_Add(counted, values[0]) : NULL;
-        Py_DECREF(counted);
-        if (batches == NULL) {
-            return PyErr_Occurred() ? -1 : counted == Py_None; /* None: counted by the program; else to Python */
-        }
-    }
-    else {
-        Py_CLEAR(batches);
     }
     PyObject *counters = slot_get(phase, SLOT_COUNTERS);
     if (counters == NULL || !PyDict_CheckExact(counters)) {
         Py_XDECREF(counters);
-        Py_XDECREF(batches);
         return counters == NULL ? -1 : 0;
     }
     PyObject *totals[MAX_UNITS];
@@ -198,21 +183,43 @@ add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, P
         totals[made++] = total;
         result = within_limits(total);
     }
-    if (result == 1 && by != BY_WATCH) {
+    if (result == 1) {
         result = slot_increment(phase, SLOT_COUNT_CALLS) == 0 ? 1 : -1;
-    }
-    for (Py_ssize_t i = 0; result == 1 && i < n; i++) {
-        result = PyDict_SetItem(counters, units[i], totals[i]) < 0 ? -1 : 1;
-    }
-    if (result == 1 && batches != NULL) {
-        result = slot_set(phase, SLOT_BATCH_SAMPLES, batches) < 0 ? -1 : 1;
+        for (Py_ssize_t i = 0; result == 1 && i < n; i++) {
+            result = PyDict_SetItem(counters, units[i], totals[i]) < 0 ? -1 : 1;
+        }
     }
     for (Py_ssize_t i = 0; i < made; i++) {
         Py_DECREF(totals[i]);
     }
-    Py_XDECREF(batches);
     Py_DECREF(counters);
     return result;
+}
+
+/* A batch's ``size`` samples counted by auto() (``phase.count_calls += 1`` too: a count() call for stepwatch's own
+ * cost) or watch(): ``phase.batch_samples += size``, apart from the program's counters (``Phase.counted`` merges
+ * them), or nothing where the program counts its samples itself (None). 1: done, -1: an exception. */
+static int
+add_batch_samples(PyObject *phase, PyObject *size, CountedBy by)
+{
+    PyObject *counted = slot_get(phase, SLOT_BATCH_SAMPLES);
+    if (counted == NULL || counted == Py_None) {
+        Py_XDECREF(counted);
+        return counted == NULL ? -1 : 1;
+    }
+    PyObject *total = PyNumber_Add(counted, size);
+    Py_DECREF(counted);
+    int failed = total == NULL || (by == BY_AUTO && slot_increment(phase, SLOT_COUNT_CALLS) < 0) ||
+                 slot_set(phase, SLOT_BATCH_SAMPLES, total) < 0;
+    Py_XDECREF(total);
+    return failed ? -1 : 1;
+}
+
+/* The count of ``by`` into ``phase``: add_to_phase's or add_batch_samples' result. */
+static int
+add_counted(PyObject *phase, PyObject *const *units, PyObject *const *values, Py_ssize_t n, CountedBy by)
+{
+    return by == BY_PROGRAM ? add_to_phase(phase, units, values, n) : add_batch_samples(phase, values[0], by);
 }
 
 /* Adds ``values`` to the counters named ``units`` of the phase measured on this thread: 1, done; 0, the Python
@@ -228,7 +235,7 @@ count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *
     if (writers != NULL && PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0) {
         /* no Python writer is between its read and its write (they count themselves in under the lock): this
          * update, with no Python code and so no other thread running in it, needs no lock of its own */
-        int done = add_to_phase(phase, units, values, n, by);
+        int done = add_counted(phase, units, values, n, by);
         Py_DECREF(writers);
         Py_DECREF(first);
         Py_DECREF(phase);
@@ -239,7 +246,7 @@ count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *
     PyObject *held = lock != NULL ? PyObject_CallMethodNoArgs(lock, s_acquire) : NULL;
     int done = 0;
     if (held != NULL) {
-        done = add_to_phase(phase, units, values, n, by);
+        done = add_counted(phase, units, values, n, by);
         PyObject *type = NULL, *value = NULL, *traceback = NULL;
         if (done < 0) {
             PyErr_Fetch(&type, &value, &traceback); /* the count's own error is the one raised */
@@ -281,7 +288,7 @@ samples_counted(PyObject *sw, PyObject *stacks, PyObject *tree, PyObject *size)
 /* watch()'s count of a batch's ``size`` samples into its loop's ``phase``, the batch's step just opened: what
  * ``_counters.count_batch_samples`` does, without finding the phase (the loop knows it). 1: done (or nothing to
  * count: not measuring, the one-off first step, the program counting its samples), 0: the Python function is to
- * do it (a Python writer of the counters under way, a counter past its limit), -1: an exception. */
+ * do it (a Python writer of the counters under way), -1: an exception. */
 static int
 batch_counted(PyObject *stacks, PyObject *phase, PyObject *size)
 {
@@ -296,7 +303,7 @@ batch_counted(PyObject *stacks, PyObject *phase, PyObject *size)
         done = PyObject_IsTrue(measuring) < 0 ? -1 : 1; /* not measuring, or the first step: not counted */
     }
     else if (PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0) {
-        done = add_to_phase(phase, &s_samples, &size, 1, BY_WATCH); /* (no lock needed: see count_units) */
+        done = add_batch_samples(phase, size, BY_WATCH); /* (no lock needed: see count_units) */
     }
     else {
         done = 0;

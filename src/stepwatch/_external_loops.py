@@ -52,7 +52,7 @@ def is_empty(phase: Phase) -> bool:
     """Whether nothing is recorded in ``phase`` (it may be left from before a reset)."""
     stages: dict[str, Any] = {}
     collect(phase.root, stages)
-    return not (stages or phase.counters or phase.workers or phase.steps)
+    return not (stages or phase.counters or phase.batch_samples or phase.workers or phase.steps)
 
 
 class Beats:

@@ -122,7 +122,7 @@ class LiveView:
         sw = self._sw
         with sw.tree.lock:
             loop_ns, steps = phase.loop_ns, phase.steps
-            counters = dict(phase.counters)
+            counters = dict(phase.counted())
             rows = [(depth, node.path, _total(node), node.in_workers) for depth, node in _shown(phase.root)]
         per_step = f"{loop_ns / steps / 1e6:.2f} ms/step" if steps else "no step measured yet"
         rates = "".join(f" · {value / (loop_ns / 1e9):,.1f} {unit}/s" for unit, value in counters.items() if loop_ns)

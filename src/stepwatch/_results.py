@@ -33,12 +33,12 @@ def snapshot(stopwatch: Stopwatch) -> Summary:
         for name, phase in stopwatch.tree.phases.items():
             stages: dict[str, StageStats] = {}
             collect(phase.root, stages)
-            if stages or phase.counters or phase.workers:
+            if stages or phase.counters or phase.batch_samples or phase.workers:
                 loops = LoopTimes(phase.consuming, time.perf_counter_ns())  # ordered once for all its workers
                 phases[name] = PhaseSummary(
                     name,
                     stages,
-                    phase.counters,
+                    phase.counted(),
                     phase.loop_ns,
                     phase.steps,
                     DeviceLoad(phase.device_busy_ns, phase.device_idle_ns, phase.device_steps, phase.device_caught_up),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -129,8 +130,8 @@ class Phase:
     def clear(self) -> None:
         self.root.clear()
         self.counters = {}
-        # the samples that watch() and auto() counted from the batches (in counters["samples"]); None once the
-        # program counts samples itself: its count then replaces theirs, taken back at its first (see _counters)
+        # the samples that watch() and auto() counted from the batches, apart from the program's own counters; None
+        # once the program counts samples itself, which replaces theirs from then on (see counted())
         self.batch_samples = 0
         self.count_calls = 0  # count() calls that added to the counters: stepwatch's own cost counts them
         self.loop_ns = 0
@@ -148,6 +149,17 @@ class Phase:
             interval[0] = time.perf_counter_ns()
         self.consuming: list[list[int]] = running
         self.in_first_step = False  # counts made now belong to the one-off first step: not counted
+
+    def counted(self) -> dict[str, float]:
+        """The counters as reported: the program's own, with the samples counted from the batches added to its
+        ``samples`` (the batches' count, where the program counts none; saturating as a counter does)."""
+        counters = self.counters
+        batches = self.batch_samples
+        if not batches:
+            return counters
+        merged = {"samples": min(counters.get("samples", 0) + batches, sys.float_info.max)}  # first, as counted
+        merged.update((unit, value) for unit, value in counters.items() if unit != "samples")
+        return merged
 
     def move_into(self, target: Phase) -> None:
         """Hands everything recorded here to ``target``, which holds nothing; this phase is left empty, its
