@@ -169,7 +169,7 @@ class WatchedLoader(Generic[T]):
 
         check_loop_names(self.stage, self.body, self.phase)
         samples = None
-        if self.counts_samples:  # a loader of loaders: its batches are looked into
+        if self.counts_samples:  # (a loader of loaders: no batch size of its own, its batches are looked into)
             samples = uniform_batches(self.loader) if self.iterable is self.loader else (None, 0)
         return iterate(
             self.stopwatch,
