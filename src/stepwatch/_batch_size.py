@@ -63,8 +63,8 @@ class CountSamples:
 
     def __init__(self, sw: Stopwatch, phase: Phase, samples: tuple[int | None, int]) -> None:
         self.uniform, self.full = samples
-        self.counter = batch_counter(sw, phase)
         self.fallback = functools.partial(count_batch_samples, sw)
+        self.counter = batch_counter(sw, phase, self.fallback)
 
     def check_first(self, item: Any) -> None:
         """The first batch holds what the loader's batch size says, or every batch is looked into."""

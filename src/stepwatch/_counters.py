@@ -47,19 +47,13 @@ def add_counts(self: Stopwatch, **units: float) -> None:
     with self.tree.count_lock:
         phase.counting += 1  # (see Phase.counting)
         try:
-            if "samples" in units and phase.batch_samples is not None:
-                _take_back_batch_samples(phase)
+            if "samples" in units:  # the program counts its samples: the batches' count is dropped, and stops
+                phase.batch_samples = None
             phase.count_calls += 1
             for unit, value in units.items():
                 _add(self, phase.counters, unit, value)
         finally:
             phase.counting -= 1
-
-
-def _take_back_batch_samples(phase: Phase) -> None:
-    """The program counts samples itself: what watch() and auto() counted from the batches in this phase is
-    dropped, and they count no more there (its own count is what it means by a sample)."""
-    phase.batch_samples = None
 
 
 def count_batch_samples(self: Stopwatch, size: int, call: int = 0) -> None:
@@ -145,10 +139,10 @@ add_samples: Callable[[Stopwatch, int], None] = _compiled_add_samples() or pytho
 """auto()'s count of a batch's samples: :func:`python_add_samples`, or its common case in C."""
 
 
-def batch_counter(self: Stopwatch, phase: Phase) -> Callable[[int], None]:
+def batch_counter(self: Stopwatch, phase: Phase, fallback: Callable[[int], None]) -> Callable[[int], None]:
     """watch()'s count of a batch's samples into its loop's ``phase``, called with the batch's step open:
-    :func:`count_batch_samples`, or its common case in C (``count_batch``, which does not look for the phase)."""
-    fallback = functools.partial(count_batch_samples, self)
+    ``fallback`` (:func:`count_batch_samples` bound to ``self``), or its common case in C (``count_batch``, which
+    does not look for the phase and hands every other case to ``fallback``)."""
     if add_samples is python_add_samples:  # not compiled
         return fallback
     from ._speedups import count_batch  # type: ignore[import-not-found,unused-ignore]

@@ -28,7 +28,7 @@ typedef struct {
     int outcome;
 } SteadyLoopObject;
 
-/* watch()'s count of the samples of the batch just fetched, its step open (``_loops.count_samples``): the loader's
+/* watch()'s count of the samples of the batch just fetched, its step open (``_batch_size.CountSamples``): the loader's
  * batch size from the second batch to the ``full``-th, found in the batch otherwise; 0, or -1 with an exception. */
 static int
 steady_count(SteadyLoopObject *self, PyObject *item)

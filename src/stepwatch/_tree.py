@@ -124,7 +124,6 @@ class Phase:
         self.workers: dict[int, WorkerTotals] = {}
         self.counters: dict[str, float] = {}
         self.counting = 0  # Python writers of the counters now (under the count lock): C's writer then takes it
-        self.batch_samples: int | None = 0
         self.clear()
 
     def clear(self) -> None:
@@ -132,7 +131,7 @@ class Phase:
         self.counters = {}
         # the samples that watch() and auto() counted from the batches, apart from the program's own counters; None
         # once the program counts samples itself, which replaces theirs from then on (see counted())
-        self.batch_samples = 0
+        self.batch_samples: int | None = 0
         self.count_calls = 0  # count() calls that added to the counters: stepwatch's own cost counts them
         self.loop_ns = 0
         self.steps = 0
