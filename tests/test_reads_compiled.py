@@ -53,6 +53,17 @@ def compiled_reads(wrapper: TimedGetItems) -> Reads:
     return functools.partial(read_samples, wrapper.read, sw.timed("dataset"), wrapper.dataset, read_all)
 
 
+def fetched_reads(wrapper: TimedGetItems) -> Reads:
+    """The reads as ``fetch_batch`` makes them, its collate half left to a collate that is not enabled (the samples
+    as they are, timed by nothing): ``single_process.install_fetch``'s spec."""
+    from stepwatch._speedups import fetch_batch
+
+    reads = compiled_reads(wrapper)
+    _, block, dataset, read_all = reads.args
+    collate = TimedCollate(lambda samples: samples, None)
+    return functools.partial(fetch_batch, (reads, block, dataset, read_all, collate, stepwatch.timed("collate")))
+
+
 def clean() -> None:
     """The default stopwatch off and empty, and this thread's stack without frames a test left open."""
     stepwatch.disable()
@@ -92,13 +103,15 @@ def outcome(make: Callable[[TimedGetItems], Reads], dataset: Any, batches: list[
 
 
 def both(dataset: Any, batches: Callable[[], list[Any]], before: Callable[[], None] = stepwatch.enable) -> list[Any]:
-    """Each way's outcome (``batches`` made afresh for each: some are iterators), asserted the same."""
+    """Each way's outcome (``batches`` made afresh for each: some are iterators), asserted the same: the Python
+    method, ``read_samples`` and ``fetch_batch``'s reads."""
     results = []
-    for make in (python_reads, compiled_reads):
+    for make in (python_reads, compiled_reads, fetched_reads):
         clean()
         before()
         results.append(outcome(make, dataset, batches()))
     assert results[0] == results[1], f"python: {results[0]}\nC: {results[1]}"
+    assert results[0] == results[2], f"python: {results[0]}\nfetch_batch: {results[2]}"
     return results[1]
 
 
@@ -171,7 +184,7 @@ def test_the_batches_fold_at_the_fold_size() -> None:
 
 
 def test_a_single_process_loader_of_the_default_stopwatch_reads_in_c() -> None:
-    from stepwatch._speedups import collate_samples, read_samples
+    from stepwatch._speedups import collate_samples, fetch_batch, read_samples
 
     stepwatch.enable()
     loader = DataLoader(TensorDataset(torch.arange(12.0)), batch_size=4)
@@ -180,6 +193,7 @@ def test_a_single_process_loader_of_the_default_stopwatch_reads_in_c() -> None:
         made_now = loader._get_iterator()  # as the loop's was: the watched loader's iterators read through us
         assert made_now._dataset_fetcher.dataset.__getitems__.func is read_samples
         assert made_now._dataset_fetcher.collate_fn.func is collate_samples
+        assert made_now._dataset_fetcher.fetch.func is fetch_batch  # the two in one call
     stages = stepwatch.summary().stages
     assert stages["first_batch/dataset"].calls + stages["loader/dataset"].calls == 12
     assert stages["first_batch/collate"].calls + stages["loader/collate"].calls == 3
@@ -277,3 +291,100 @@ def test_the_c_read_leaves_the_samples_to_the_interpreters_own_loop() -> None:
     with stepwatch.timed("loader"):
         assert reads(range(5)) == [0, 1, 2, 3, 4]
     assert callers == ["read_all.<locals>.<listcomp>"] * 5
+
+
+def watched_rows(dataset: Any, collate: Collate, monkeypatch: pytest.MonkeyPatch, in_one_call: bool) -> list[Any]:
+    """Two epochs of a watched single-process loader (batches of 3): what each step got or raised, the stack's
+    depth after each epoch, and the rows (path, calls), with the fetch in one C call or as its two halves."""
+    from stepwatch._dataloader import watch
+
+    if not in_one_call:
+        monkeypatch.setattr(watch, "install_fetch", lambda iterator: False)
+    clean()
+    stepwatch.enable()
+    loader = DataLoader(dataset, batch_size=3, collate_fn=collate)
+    seen: list[Any] = []
+    depth = len(_default_instance.stopwatch.stacks.thread_stack())
+    for _ in range(2):
+        try:
+            seen.extend(stepwatch.watch(loader))
+        except Exception as error:  # what is compared
+            seen.append(repr(error))
+        seen.append(len(_default_instance.stopwatch.stacks.thread_stack()) - depth)
+    monkeypatch.undo()
+    seen.append(sorted((row.path, row.calls) for row in stepwatch.summary().stages.values()))
+    return seen
+
+
+def test_a_watched_loaders_fetch_in_one_call_records_what_its_two_halves_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def decode() -> None:
+        with stepwatch.timed("decode"):
+            pass
+
+    def stacked(samples: list[int]) -> int:
+        with stepwatch.timed("stack"):
+            return sum(samples)
+
+    halves, one_call = (watched_rows(Samples(inside=decode), stacked, monkeypatch, way) for way in (False, True))
+    assert halves == one_call, f"halves: {halves}\none call: {one_call}"
+    assert one_call[:22] == [
+        30,
+        120,
+        210,
+        300,
+        390,
+        480,
+        570,
+        660,
+        750,
+        840,
+        930,
+        1020,
+        1110,
+        1200,
+        1290,
+        1380,
+        1470,
+        1560,
+        1650,
+        1740,
+        1830,
+        630,
+    ]  # batches of 3 and the last of one
+    rows = dict(one_call[-1])
+    assert rows["loader/dataset"] + rows["first_batch/dataset"] == 2 * 64  # every sample, once
+    assert rows["loader/dataset/decode"] + rows["first_batch/dataset/decode"] == 2 * 64
+    assert rows["loader/collate/stack"] + rows["first_batch/collate/stack"] == 2 * 22
+
+
+def test_a_read_or_a_collate_failing_in_the_one_call_fetch_raises_and_leaves_nothing_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fails_on_one(samples: list[int]) -> int:
+        if len(samples) == 1:  # the last batch of each epoch
+            raise ValueError("one sample")
+        return len(samples)
+
+    for dataset, collate in ((Samples(fail_at=40), sum), (Samples(), fails_on_one)):
+        halves, one_call = (watched_rows(dataset, collate, monkeypatch, way) for way in (False, True))
+        assert halves == one_call, f"halves: {halves}\none call: {one_call}"
+        failed = [item for item in one_call if isinstance(item, str)]
+        assert len(failed) == 2 and one_call[one_call.index(failed[0]) + 1] == 0  # the stack as before the loop
+
+
+def test_a_dataset_that_reads_its_own_batches_keeps_torchs_fetch() -> None:
+    from stepwatch._speedups import fetch_batch
+
+    class Batched(Samples):
+        def __getitems__(self, indices: list[int]) -> list[int]:
+            return [index for index in indices]
+
+    stepwatch.enable()
+    loader = DataLoader(Batched(), batch_size=8)
+    for batch in stepwatch.watch(loader):
+        assert len(batch) == 8
+        fetch = loader._get_iterator()._dataset_fetcher.__dict__.get("fetch")
+        assert fetch is None or fetch.func is not fetch_batch
+    assert stepwatch.summary().stages["loader/dataset_batch"].calls == 7

@@ -396,6 +396,7 @@ static PyTypeObject BlockBaseType = {
 #include "_boundary.c"
 #include "_steady.c"
 #include "_reads.c"
+#include "_fetch.c"
 #include "_fold.c"
 
 static PyObject *
@@ -429,6 +430,8 @@ static PyMethodDef module_methods[] = {
      "read_samples(fallback, block, dataset, read_all, indices): a batch's reads (see stepwatch/_reads.c)."},
     {"collate_samples", (PyCFunction)(void (*)(void))collate_samples, METH_FASTCALL,
      "collate_samples(collate, block, samples): a batch's collate in the main process (see stepwatch/_reads.c)."},
+    {"fetch_batch", (PyCFunction)(void (*)(void))fetch_batch, METH_FASTCALL,
+     "fetch_batch(spec, indices): a batch's reads and collate in one call (see stepwatch/_fetch.c)."},
     {"fold_durations", fold_durations, METH_O,
      "fold_durations(list): (total, sum of squares, min, max) of a stage's buffer, or None (see stepwatch/_fold.c)."},
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,

@@ -29,7 +29,7 @@ from .in_workers import (
     in_worker,
     unwrapped,
 )
-from .single_process import TimedReads, install_collate
+from .single_process import TimedReads, install_collate, install_fetch
 
 if TYPE_CHECKING:
     from .._recorder import Stopwatch
@@ -75,8 +75,9 @@ class Unwrapping:
         iterator = type(loader)._get_iterator(loader)
         if loader.num_workers == 0:
             if self.reads is not None:  # a watch() loop's iterator
-                TimedReads.install(iterator, self.reads)
-                install_collate(iterator)
+                reads_timed = TimedReads.install(iterator, self.reads)
+                if install_collate(iterator) and reads_timed:
+                    install_fetch(iterator)  # both halves in C: one call for the two
             if self.on_batch is None and not in_worker():
                 return iterator  # its batches are plain: nothing to unwrap, no call added to each
         return self.wrap(iterator)
