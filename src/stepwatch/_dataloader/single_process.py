@@ -88,14 +88,14 @@ def install_fetch(iterator: Any) -> bool:
     collate and records, without torch's ``fetch`` frame, its lookups of ``__getitems__`` and the two partial
     calls (about 4 us of a real step's boundary, measured with a bracketed ``next()``). False where either half
     is another kind; the halves then run as installed."""
-    fetcher = getattr(iterator, "_dataset_fetcher", None)
+    fetcher: Any = getattr(iterator, "_dataset_fetcher", None)
     timed_reads = getattr(fetcher, "dataset", None)
-    collate = getattr(fetcher, "collate_fn", None)
+    collate: Any = getattr(fetcher, "collate_fn", None)
     if type(timed_reads) is not TimedReads or not COMPILED:
         return False
     from .._speedups import collate_samples, fetch_batch, read_samples  # type: ignore[import-not-found,unused-ignore]
 
-    reads = timed_reads.__getitems__
+    reads: Any = timed_reads.__getitems__
     if not _bound(reads, read_samples, 4) or not _bound(collate, collate_samples, 2):
         return False
     _, dataset_block, dataset, read_all = reads.args
