@@ -1,7 +1,8 @@
 """A batch's dataset reads and collate in the main process in C (``_reads.c``'s ``read_samples`` and
 ``collate_samples``) against the Python they stand in for (``TimedGetItems.read``, ``TimedCollate.__call__``):
 the same samples, batches, rows, calls, stack and errors in every case they can meet, and the C ones are what a
-single-process DataLoader of the default stopwatch uses where compiled."""
+single-process DataLoader of the default stopwatch uses where compiled: both in one call, ``_fetch.c``'s
+``fetch_batch``, whose reads are run here as a third way and whose whole fetch against the two halves."""
 
 from __future__ import annotations
 
