@@ -150,9 +150,34 @@ def test_the_pipeline_wrappers_in_the_main_process_and_the_worker_reports_are_co
         # loader and step of each batch, the forward, and in the main process the dataset's and collate's blocks
         assert counts["blocks"] + counts["blocks in C"] == 6 * (5 if workers == 0 else 3)
         assert counts["steps"] + counts["steps in C"] == 5
-        # all but the per-sample reads in C where compiled (the loop's rows, the forward, the collate)
+        # all but the per-sample reads in C where compiled (the loop's rows, the forward, the collate): a stopwatch
+        # of its own reads in Python
         in_python = (6 if workers == 0 else 0) if _block_base.COMPILED else 6 * (5 if workers == 0 else 3)
         assert counts["blocks"] == in_python
+        assert sw.summary().metadata["reads_in_c"] is False
+
+
+def test_the_default_stopwatchs_reads_and_collate_in_c_are_counted_as_such() -> None:
+    """The default stopwatch's single-process reads and collate run in C where compiled (``_fetch.c``): the reads'
+    rows are blocks in C, the two wrappers patched calls in C."""
+    stepwatch.enable()
+    try:
+        for _ in stepwatch.watch(loader(0)):
+            with stepwatch.timed("forward"):
+                pass
+        summary = stepwatch.summary()
+    finally:
+        stepwatch.disable()
+        stepwatch.reset()
+    counts = operations(summary)
+    compiled = _block_base.COMPILED
+    assert summary.metadata["reads_in_c"] is compiled
+    assert counts["patched calls in C"] == (12 if compiled else 0) and counts["patched calls"] == (
+        0 if compiled else 12
+    )
+    assert counts["blocks"] == (0 if compiled else 6 * 5) and counts["blocks in C"] == (6 * 5 if compiled else 0)
+    python = operations(replace(summary, metadata={**summary.metadata, "reads_in_c": False}))
+    assert python["patched calls"] == 12 and python["blocks"] == (6 if compiled else 6 * 5)
 
 
 def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
@@ -170,20 +195,20 @@ def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
     # forward, loss, backward, zero_grad once and the optimizer twice, over 6 steps, from wrappers in C where
     # they are built; dataset and collate wrappers; auto's loop, once a batch
     in_c = summary.metadata["auto_in_c"]
-    assert in_c is _block_base.COMPILED
-    assert counts["patched calls in C"] == (6 * 6 if in_c else 0)
-    assert counts["patched calls"] == 2 * 6 + 6 + (0 if in_c else 6 * 6)
+    assert in_c is _block_base.COMPILED is summary.metadata["reads_in_c"]  # the default stopwatch's reads
+    assert counts["patched calls in C"] == (6 * 6 + 2 * 6 if in_c else 0)
+    assert counts["patched calls"] == 6 + (0 if in_c else 6 * 6 + 2 * 6)
     # and the sample count of each step but the first (a one-off: neither its time nor its counts are measured)
     assert counts["count() calls"] == 5
     # a wrapper in C is weighed at a fifth of an operation beyond the block it opens (counted among the blocks)
     measured = sum(phase.measured_ns for phase in summary.phases.values())
     operations_weighed = (
-        sum(counts.values()) - (0.8 * 6 * 6 if in_c else 0) - 0.7 * (counts["blocks in C"] + counts["steps in C"])
+        sum(counts.values()) - (0.8 * 8 * 6 if in_c else 0) - 0.7 * (counts["blocks in C"] + counts["steps in C"])
     )
     assert own_share(summary) == pytest.approx(operations_weighed * summary.metadata["block_ns"] / measured)
     last = stepwatch.render(summary).rstrip().splitlines()[-1]
-    assert ("36 patched calls in C" in last and "a patched call in C at 20% of that" in last) is in_c, last
-    pure = replace(summary, metadata={**summary.metadata, "auto_in_c": False})  # saved by pure Python: all at 1
+    assert ("48 patched calls in C" in last and "a patched call in C at 20% of that" in last) is in_c, last
+    pure = replace(summary, metadata={**summary.metadata, "auto_in_c": False, "reads_in_c": False})  # all at 1
     assert operations(pure)["patched calls"] == 2 * 6 + 6 + 6 * 6 and operations(pure)["patched calls in C"] == 0
 
 

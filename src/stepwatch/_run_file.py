@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
 from typing import TYPE_CHECKING, Any
 
-from . import _block_base
+from . import _block_base, _default_instance
 from ._schema import check_run, printable
 from ._self_cost import block_ns
 from ._summary import Summary
@@ -88,6 +88,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "auto": None if stopwatch.auto_hooks.describe is None else stopwatch.auto_hooks.describe(),
         "auto_in_c": None if stopwatch.auto_hooks.describe is None else _block_base.AutoCall is not None,
         "blocks_in_c": _block_base.COMPILED,
+        "reads_in_c": _block_base.COMPILED and stopwatch is _default_instance.stopwatch,  # (single_process.py)
         "flops": _flops(stopwatch),
         "flops_note": None if stopwatch.flop_count is None else stopwatch.flop_count.skipped,
         "peak_flops": stopwatch.peak_flops,

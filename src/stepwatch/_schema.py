@@ -208,7 +208,7 @@ def check_metadata(data: Any) -> None:
         raise _fail("metadata.windows", "must be a list of at most 100,000 numbers")
     for index, value in enumerate(windows):
         _number(value, f"metadata.windows[{index}]", 0.0)
-    for key in ("auto_in_c", "blocks_in_c"):
+    for key in ("auto_in_c", "blocks_in_c", "reads_in_c"):
         if data.get(key) is not None and not isinstance(data[key], bool):
             raise _fail(f"metadata.{key}", "must be true, false or null")
     if data.get("block_ns") is not None:

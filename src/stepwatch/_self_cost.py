@@ -51,12 +51,13 @@ BLOCK_IN_C_WEIGHT = 0.3
 stepwatch's step boundary where it runs in Python (the steps that measure it take the general path), and the C
 one costs a fraction of it in the same place (in ``benchmarks/auto.py``'s step: five blocks 8.3 us a step,
 1.7 us each, against a boundary of 6.2 us: 0.27). A ``dataset`` row's reads count as one operation a batch,
-and its wrapper as a patched call, also where the default stopwatch's single-process reads run in C
-(``_reads.c``): an over-count of about that much a batch there, not yet told apart."""
+and its wrapper as a patched call, unless the run's single-process reads and collate ran in C
+(``metadata.reads_in_c``: the default stopwatch's, ``_fetch.c``), where the reads are a block in C and the
+two wrappers patched calls in C: together about a block's in-place cost (in ``auto.py``'s step the fetch took
+3.5 us more than torch's, bracketed, against 4 us an operation)."""
 
 PYTHON_ROWS = ("dataset",)
-"""The rows counted as frames opened and closed in Python, whether or not the blocks are compiled (the default
-stopwatch's single-process reads are in C where compiled, and counted so all the same: see above)."""
+"""The rows counted as frames opened and closed in Python where the reads did not run in C (see above)."""
 
 IN_SITU = 24
 """Blocks timed between the training's own steps (one a step, from the third) for the in-situ cost."""
@@ -189,7 +190,9 @@ def operations(summary: Summary) -> dict[str, int]:
     counters (auto's sample count among them). Where auto's wrappers ran in C (``metadata.auto_in_c``), the
     calls of theirs that open a block are ``patched calls in C``, which :func:`own_share` weighs at
     :data:`PATCHED_IN_C_WEIGHT`; where the blocks ran in C (``metadata.blocks_in_c``), those but the reads'
-    own rows are ``blocks in C`` and the steps ``steps in C``, weighed at :data:`BLOCK_IN_C_WEIGHT`."""
+    own rows are ``blocks in C`` and the steps ``steps in C``, weighed at :data:`BLOCK_IN_C_WEIGHT`; where the
+    single-process reads and collate ran in C too (``metadata.reads_in_c``), the reads' rows are ``blocks in C``
+    and ``watch()``'s two wrappers ``patched calls in C``."""
     kinds = (
         "blocks",
         "blocks in C",
@@ -204,6 +207,9 @@ def operations(summary: Summary) -> dict[str, int]:
     auto = summary.metadata.get("auto") is not None
     wrappers = "patched calls in C" if summary.metadata.get("auto_in_c") is True else "patched calls"
     compiled = summary.metadata.get("blocks_in_c") is True
+    reads_in_c = compiled and summary.metadata.get("reads_in_c") is True
+    in_python = () if reads_in_c else PYTHON_ROWS
+    pipeline = "patched calls in C" if reads_in_c else "patched calls"
     for phase in summary.phases.values():
         counts["steps in C" if compiled else "steps"] += phase.steps
         counts["count() calls"] += phase.count_calls
@@ -215,7 +221,7 @@ def operations(summary: Summary) -> dict[str, int]:
                 continue
             if name == OTHER:
                 continue
-            blocks = "blocks in C" if compiled and name not in PYTHON_ROWS else "blocks"
+            blocks = "blocks in C" if compiled and name not in in_python else "blocks"
             if name == "dataset" and parent in phase.stages:
                 counts[blocks] += min(stage.calls, phase.stages[parent].calls)
             else:
@@ -223,7 +229,7 @@ def operations(summary: Summary) -> dict[str, int]:
             if auto and parent in STEP_ROWS:
                 counts[wrappers] += stage.calls * (2 if name == "optimizer" else 1)
             elif name in PIPELINE_ROWS and parent in LOADER_ROWS:  # watch()'s wrapper of the dataset, the collate
-                counts["patched calls"] += min(stage.calls, phase.stages[parent].calls)
+                counts[pipeline] += min(stage.calls, phase.stages[parent].calls)
         batches = sum(phase.stages[row].calls for row in LOADER_ROWS if row in phase.stages)
         if auto:  # auto's loop around watch(): each batch passes through it
             counts["patched calls"] += batches
