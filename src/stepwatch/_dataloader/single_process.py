@@ -1,6 +1,7 @@
 """A single-process DataLoader iterator (``num_workers=0``) in a ``watch()`` loop: its fetcher's reads and collate
 timed in the main process, through the fetcher, without touching the dataset or the loader; their common case in
-C (``_reads.c``) for the default stopwatch where compiled."""
+C (``_reads.c``) for the default stopwatch where compiled, the two in one call as the fetcher's ``fetch``
+(``_fetch.c``)."""
 
 from __future__ import annotations
 
