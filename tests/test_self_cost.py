@@ -180,6 +180,27 @@ def test_the_default_stopwatchs_reads_and_collate_in_c_are_counted_as_such() -> 
     assert python["patched calls"] == 12 and python["blocks"] == (6 if compiled else 6 * 5)
 
 
+def test_a_dataset_reading_its_own_batches_is_counted_in_python_beside_the_collate_in_c() -> None:
+    class Batched(TensorDataset):
+        def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
+            return [self[index] for index in indices]
+
+    stepwatch.enable()
+    try:
+        for _ in stepwatch.watch(DataLoader(Batched(torch.randn(24, 4)), batch_size=4)):
+            pass
+        summary = stepwatch.summary()
+    finally:
+        stepwatch.disable()
+        stepwatch.reset()
+    counts = operations(summary)
+    assert "loader/dataset_batch" in summary.stages
+    if _block_base.COMPILED:  # its reads are Python's (TimedGetItems.read), the collate C's
+        assert counts["patched calls"] == 6 and counts["patched calls in C"] == 6
+    else:
+        assert counts["patched calls"] == 12 and counts["patched calls in C"] == 0
+
+
 def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
     """Each block auto-instrumentation opens in a step comes from a wrapper or a hook (the optimizer's two: before
     and after its step), and each batch passes through its loop around ``watch()``."""

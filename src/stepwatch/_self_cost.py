@@ -192,7 +192,8 @@ def operations(summary: Summary) -> dict[str, int]:
     :data:`PATCHED_IN_C_WEIGHT`; where the blocks ran in C (``metadata.blocks_in_c``), those but the reads'
     own rows are ``blocks in C`` and the steps ``steps in C``, weighed at :data:`BLOCK_IN_C_WEIGHT`; where the
     single-process reads and collate ran in C too (``metadata.reads_in_c``), the reads' rows are ``blocks in C``
-    and ``watch()``'s two wrappers ``patched calls in C``."""
+    and ``watch()``'s two wrappers ``patched calls in C`` (but that of a dataset reading its own batches, in
+    Python)."""
     kinds = (
         "blocks",
         "blocks in C",
@@ -229,7 +230,8 @@ def operations(summary: Summary) -> dict[str, int]:
             if auto and parent in STEP_ROWS:
                 counts[wrappers] += stage.calls * (2 if name == "optimizer" else 1)
             elif name in PIPELINE_ROWS and parent in LOADER_ROWS:  # watch()'s wrapper of the dataset, the collate
-                counts[pipeline] += min(stage.calls, phase.stages[parent].calls)
+                wrapper = "patched calls" if name == "dataset_batch" else pipeline  # (its own reads: Python's)
+                counts[wrapper] += min(stage.calls, phase.stages[parent].calls)
         batches = sum(phase.stages[row].calls for row in LOADER_ROWS if row in phase.stages)
         if auto:  # auto's loop around watch(): each batch passes through it
             counts["patched calls"] += batches
