@@ -136,6 +136,9 @@ def test_indices_that_cannot_be_iterated_raise_and_leave_nothing_open() -> None:
     seen = both(Samples(), lambda: [5, [1]])
     assert seen[0] == "TypeError(\"'int' object is not iterable\")" and seen[1] == 0
     assert seen[4] == [1]
+    after_one = both(Samples(), lambda: [[1], 5, [2]])  # the node there already: fetch_batch's compact reads
+    assert after_one[2] == "TypeError(\"'int' object is not iterable\")" and after_one[3] == 0
+    assert after_one[6] == [1, 1]
 
 
 def test_blocks_inside_the_reads_nest_under_dataset() -> None:
