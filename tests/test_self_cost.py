@@ -9,6 +9,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
-from stepwatch import Stopwatch, _block_base
+from stepwatch import Stopwatch, Summary, _block_base
 from stepwatch._self_cost import (
     BLOCK_IN_C_WEIGHT,
     IN_SITU,
@@ -157,18 +158,25 @@ def test_the_pipeline_wrappers_in_the_main_process_and_the_worker_reports_are_co
         assert sw.summary().metadata["reads_in_c"] is False
 
 
-def test_the_default_stopwatchs_reads_and_collate_in_c_are_counted_as_such() -> None:
-    """The default stopwatch's single-process reads and collate run in C where compiled (``_fetch.c``): the reads'
-    rows are blocks in C, the two wrappers patched calls in C."""
+def watched_by_default(data: DataLoader[Any], *blocks: str) -> Summary:
+    """One epoch of ``data`` watched by the default stopwatch, ``blocks`` timed in each step: its summary, the
+    default stopwatch left off and empty."""
     stepwatch.enable()
     try:
-        for _ in stepwatch.watch(loader(0)):
-            with stepwatch.timed("forward"):
-                pass
-        summary = stepwatch.summary()
+        for _ in stepwatch.watch(data):
+            for name in blocks:
+                with stepwatch.timed(name):
+                    pass
+        return stepwatch.summary()
     finally:
         stepwatch.disable()
         stepwatch.reset()
+
+
+def test_the_default_stopwatchs_reads_and_collate_in_c_are_counted_as_such() -> None:
+    """The default stopwatch's single-process reads and collate run in C where compiled (``_fetch.c``): the reads'
+    rows are blocks in C, the two wrappers patched calls in C."""
+    summary = watched_by_default(loader(0), "forward")
     counts = operations(summary)
     compiled = _block_base.COMPILED
     assert summary.metadata["reads_in_c"] is compiled
@@ -185,14 +193,7 @@ def test_a_dataset_reading_its_own_batches_is_counted_in_python_beside_the_colla
         def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
             return [self[index] for index in indices]
 
-    stepwatch.enable()
-    try:
-        for _ in stepwatch.watch(DataLoader(Batched(torch.randn(24, 4)), batch_size=4)):
-            pass
-        summary = stepwatch.summary()
-    finally:
-        stepwatch.disable()
-        stepwatch.reset()
+    summary = watched_by_default(DataLoader(Batched(torch.randn(24, 4)), batch_size=4))
     counts = operations(summary)
     assert "loader/dataset_batch" in summary.stages
     if _block_base.COMPILED:  # its reads are Python's (TimedGetItems.read), the collate C's

@@ -1,5 +1,5 @@
 /* A single-process DataLoader iterator's whole fetch of a batch in a ``watch()`` loop (included by _speedups.c,
- * after _reads.c, whose functions it hands everything but the common case to).
+ * after _reads.c, whose functions it shares and hands everything but the common case to).
  *
  * ``fetch_batch(spec, indices)`` is set as the fetcher's ``fetch`` (``single_process.install_fetch``), with
  * ``spec = (reads, dataset_block, dataset, read_all, collate, collate_block)``: the samples read and recorded as
@@ -7,32 +7,9 @@
  * step (a bracketed ``next()``), the reads and the collate each cost about two microseconds through torch's
  * ``fetch`` (its frame, the ``__getitems__`` lookups, two ``functools.partial`` calls) and ``read_samples``'
  * general path; here they are one C call, the reads' common case compact as a block's is (_block_fast.c): the
- * stopwatch measuring, this thread's stack the one cached, with room, the ``dataset`` node already a child of the
- * frame on top, and no timeline kept. Anything else goes, before anything
- * is written, to ``reads(indices)`` (``read_samples``); a frame closed in another state to ``close_reads``. */
-
-/* ``read_samples``' failed read, its frame closed and its batch recorded all the same; the read's exception goes on
- * (replaced by one raised while closing). Always NULL. */
-static COLD PyObject *
-reads_failed(BlockObject *block, PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame,
-             PyObject *parent, PyObject *node, PyObject *indices, PyObject *remaining, PyObject *start)
-{
-    Py_ssize_t read = reads_before_failure(indices, remaining);
-    if (read < 0) {
-        return NULL;
-    }
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    if (close_reads(block, stacks, local, stack, frame, parent, node, read, start) < 0) {
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
-    }
-    else {
-        PyErr_Restore(type, value, traceback);
-    }
-    return NULL;
-}
+ * stopwatch measuring, this thread's stack the one cached, the ``dataset`` node already a child of the frame on
+ * top, and no timeline kept. Anything else goes, before anything is written, to ``reads(indices)``
+ * (``read_samples``); a frame closed in another state to ``close_reads``, a failed read to ``reads_failed``. */
 
 /* The batch's reads in their common case (see above): the samples, or NULL with an exception, or NULL without one
  * where the case is not the common one and nothing was done. */
@@ -45,7 +22,7 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
         return NULL;
     }
     PyObject *stack = cached_thread_stack(stacks);
-    if (stack == NULL || !has_room(stack) || PyList_GET_SIZE(stack) == 0) {
+    if (stack == NULL || PyList_GET_SIZE(stack) == 0) {
         return NULL;
     }
     PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
@@ -79,12 +56,7 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     if ((remaining = PyObject_GetIter(indices)) == NULL || PyList_Append(stack, frame) < 0) {
         goto done;
     }
-    PyObject *read_arguments[2] = {dataset, remaining};
-    samples = PyObject_Vectorcall(read_all, read_arguments, 2, NULL);
-    if (samples != NULL && !PyList_Check(samples)) {
-        PyErr_SetString(PyExc_TypeError, "stepwatch: read_all must return a list");
-        Py_CLEAR(samples);
-    }
+    samples = call_read_all(read_all, dataset, remaining);
     if (samples == NULL) {
         reads_failed(block, stacks, local, stack, frame, parent, node, indices, remaining, start);
         goto done;
@@ -92,8 +64,9 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     Py_ssize_t size = PyList_GET_SIZE(stack);
     PyObject *batches = SLOT_IN_PLACE(node, SLOT_BATCHES);
     long long end_ns;
-    int common = size > 0 && PyList_GET_ITEM(stack, size - 1) == frame && SLOT_IN_PLACE(stacks, SLOT_LOCAL) == local &&
-                 SLOT_IN_PLACE(stacks, SLOT_TIMELINE) == Py_None && batches != NULL && read_clock_raw(block->clock, &end_ns);
+    int common = size > 0 && PyList_GET_ITEM(stack, size - 1) == frame &&
+                 SLOT_IN_PLACE(stacks, SLOT_LOCAL) == local && SLOT_IN_PLACE(stacks, SLOT_TIMELINE) == Py_None &&
+                 batches != NULL && read_clock_raw(block->clock, &end_ns);
     if (!common) {
         if (close_reads(block, stacks, local, stack, frame, parent, node, PyList_GET_SIZE(samples), start) < 0) {
             Py_CLEAR(samples);

@@ -133,6 +133,43 @@ close_reads(BlockObject *block, PyObject *stacks, PyObject *local, PyObject *sta
     return failed ? -1 : 0;
 }
 
+/* ``read_all(dataset, remaining)``: the batch's samples (a list), or NULL with an exception. */
+static PyObject *
+call_read_all(PyObject *read_all, PyObject *dataset, PyObject *remaining)
+{
+    PyObject *read_arguments[2] = {dataset, remaining};
+    PyObject *samples = PyObject_Vectorcall(read_all, read_arguments, 2, NULL);
+    if (samples != NULL && !PyList_Check(samples)) {
+        PyErr_SetString(PyExc_TypeError, "stepwatch: read_all must return a list");
+        Py_CLEAR(samples);
+    }
+    return samples;
+}
+
+/* A failed read (``read_all`` raised), its frame on the stack: the frame closed and the batch recorded all the
+ * same, as ``TimedGetItems.read``'s ``finally`` does; the read's exception goes on (replaced by one raised while
+ * closing, as in a ``finally``). Always NULL. */
+static COLD PyObject *
+reads_failed(BlockObject *block, PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame,
+             PyObject *parent, PyObject *node, PyObject *indices, PyObject *remaining, PyObject *start)
+{
+    Py_ssize_t read = reads_before_failure(indices, remaining);
+    if (read < 0) {
+        return NULL;
+    }
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (close_reads(block, stacks, local, stack, frame, parent, node, read, start) < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+    }
+    else {
+        PyErr_Restore(type, value, traceback);
+    }
+    return NULL;
+}
+
 static PyObject *
 read_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -168,37 +205,12 @@ read_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         (frame = PyTuple_Pack(3, (PyObject *)block, node, start)) == NULL || PyList_Append(stack, frame) < 0) {
         goto done;
     }
-    Py_ssize_t read;
-    PyObject *read_arguments[2] = {dataset, remaining};
-    samples = PyObject_Vectorcall(read_all, read_arguments, 2, NULL);
-    if (samples != NULL && !PyList_Check(samples)) {
-        PyErr_SetString(PyExc_TypeError, "stepwatch: read_all must return a list");
-        Py_CLEAR(samples);
-    }
-    int failed = samples == NULL;
-    if (failed) {
-        read = reads_before_failure(indices, remaining);
-    }
-    else {
-        read = PyList_GET_SIZE(samples);
-    }
-    if (read < 0) {
+    samples = call_read_all(read_all, dataset, remaining);
+    if (samples == NULL) {
+        reads_failed(block, stacks, local, stack, frame, parent, node, indices, remaining, start);
         goto done;
     }
-    if (failed) { /* the frame is closed and the batch recorded all the same; the read's exception goes on */
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        if (close_reads(block, stacks, local, stack, frame, parent, node, read, start) < 0) {
-            Py_XDECREF(type); /* an exception while closing replaces it, as in a ``finally`` */
-            Py_XDECREF(value);
-            Py_XDECREF(traceback);
-        }
-        else {
-            PyErr_Restore(type, value, traceback);
-        }
-        goto done;
-    }
-    if (close_reads(block, stacks, local, stack, frame, parent, node, read, start) == 0) {
+    if (close_reads(block, stacks, local, stack, frame, parent, node, PyList_GET_SIZE(samples), start) == 0) {
         result = Py_NewRef(samples);
     }
 done:
