@@ -46,6 +46,7 @@ bench: setup
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/workers.py
 	$(BIN)/python benchmarks/auto.py
+	$(BIN)/python benchmarks/interleaved.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/gather.py
 	$(BIN)/python benchmarks/live.py

@@ -55,6 +55,8 @@ def moments(make_count: Callable[[stepwatch.Stopwatch], Count]) -> list[Any]:
     step(samples=True)  # not an int: checked and converted by the Python function
     step(samples=math.inf)
     step(samples="8")
+    step(samples=2**62)
+    step(samples=2**62)  # past a 64-bit int: the sum of two ints added as Python adds them
     step(samples=10**400)  # an int past a float's range: saturates
     step(tokens=_counters.COUNTER_LIMIT)  # the float counter saturates
     step(tokens=-_counters.COUNTER_LIMIT * 0.5)
@@ -98,8 +100,9 @@ def test_the_compiled_count_adds_what_the_python_one_does_at_every_moment() -> N
     assert moments(compiled_count) == expected
     assert expected[:3] == [({}, 0), ({"samples": 8}, 1), ({"samples": 16, "tokens": 2.5, "atoms": -3}, 2)]
     assert expected[4:7] == ["TypeError"] * 3  # a bool, an infinite float, a string
-    assert expected[7][0]["samples"] == _counters.COUNTER_LIMIT  # an int past a float's range saturates
-    assert expected[12] == expected[11] and expected[14] == expected[13]  # off; in a dropped step
+    assert expected[8][0]["samples"] == 16 + 2**63  # past a 64-bit int
+    assert expected[9][0]["samples"] == _counters.COUNTER_LIMIT  # an int past a float's range saturates
+    assert expected[14] == expected[13] and expected[16] == expected[15]  # off; in a dropped step
 
 
 def test_counts_in_a_nested_evaluation_loop_go_to_its_phase_either_way() -> None:

@@ -278,6 +278,35 @@ def test_a_collate_not_enabled_or_not_watching_is_the_wrapped_function_alone(fla
     assert not any(path.endswith("collate") for path, _ in seen[6])
 
 
+def test_a_collate_of_another_class_has_its_flags_read_by_name() -> None:
+    """``collate_samples`` reads a TimedCollate's three slots in place; an object of another class (here a
+    subclass) is read by name, and is timed or not as its flags say."""
+
+    class Subclass(TimedCollate):
+        __slots__ = ()
+
+    stepwatch.enable()
+    sw = _default_instance.stopwatch
+    collate = Subclass(sum, None)
+    compiled = compiled_collate(collate)
+    for watching in (False, True):
+        collate.enabled, collate.watching = True, watching
+        with sw.timed("loader"):
+            assert compiled([1, 2]) == 3
+        assert [row.calls for path, row in stepwatch.summary().stages.items() if path.endswith("collate")] == (
+            [1] if watching else []
+        )
+
+
+def test_a_collate_wrapper_sent_to_a_worker_keeps_its_function_and_flag_but_not_its_stopwatch() -> None:
+    import pickle
+
+    collate = TimedCollate(sum, _default_instance.stopwatch)
+    collate.enabled = collate.watching = True
+    copy = pickle.loads(pickle.dumps(collate))
+    assert (copy.collate_fn, copy.enabled, copy.watching, copy._stopwatch) == (sum, True, False, None)
+
+
 def test_the_c_read_leaves_the_samples_to_the_interpreters_own_loop() -> None:
     """Each ``__getitem__`` is called from a list comprehension (``read_all``), never from C: from C each call
     re-entered the interpreter, about 100 ns a sample, a cost that grew with the batch."""

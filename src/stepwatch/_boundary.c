@@ -69,7 +69,7 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
     }
     if (record(stacks, node, elapsed) == 0) {
         PyObject *loop_ns = slot_get(phase, SLOT_LOOP_NS);
-        PyObject *total = loop_ns != NULL ? PyNumber_Add(loop_ns, elapsed) : NULL;
+        PyObject *total = loop_ns != NULL ? add_ints(loop_ns, elapsed) : NULL;
         Py_XDECREF(loop_ns);
         int failed = total == NULL || slot_set(phase, SLOT_LOOP_NS, total) < 0;
         Py_XDECREF(total);

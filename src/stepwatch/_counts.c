@@ -174,7 +174,7 @@ add_to_phase(PyObject *phase, PyObject *const *units, PyObject *const *values, P
             result = -1;
             break;
         }
-        PyObject *total = before != NULL ? PyNumber_Add(before, values[made]) : Py_NewRef(values[made]);
+        PyObject *total = before != NULL ? add_ints(before, values[made]) : Py_NewRef(values[made]);
         if (total == NULL) { /* (an int past a float's range): as the Python function handles it */
             PyErr_Clear();
             result = 0;
@@ -207,7 +207,7 @@ add_batch_samples(PyObject *phase, PyObject *size, CountedBy by)
         Py_XDECREF(counted);
         return counted == NULL ? -1 : 1;
     }
-    PyObject *total = PyNumber_Add(counted, size);
+    PyObject *total = add_ints(counted, size);
     Py_DECREF(counted);
     int failed = total == NULL || (by == BY_AUTO && slot_increment(phase, SLOT_COUNT_CALLS) < 0) ||
                  slot_set(phase, SLOT_BATCH_SAMPLES, total) < 0;

@@ -11,7 +11,7 @@
  */
 
 /* The classes whose slots are read, and the slots. */
-enum { OF_STACKS, OF_NODE, OF_PHASE, OF_PERIODIC, SLOT_OWNERS };
+enum { OF_STACKS, OF_NODE, OF_PHASE, OF_PERIODIC, OF_COLLATE, SLOT_OWNERS };
 typedef enum {
     SLOT_MEASURING, SLOT_HOT, SLOT_LOCAL, SLOT_TIMELINE,      /* ThreadStacks */
     SLOT_CHILDREN, SLOT_BUF, SLOT_BATCHES,                    /* Node */
@@ -19,6 +19,7 @@ typedef enum {
     SLOT_COUNTING, SLOT_LOOP_NS, SLOT_STEPS, SLOT_SCHEDULE_POS,
     SLOT_BATCH_SAMPLES,
     SLOT_TICKS,                                               /* PeriodicCalls */
+    SLOT_ENABLED, SLOT_WATCHING, SLOT_COLLATE_FN,             /* TimedCollate (configure_collate) */
     SLOTS
 } Slot;
 
@@ -28,12 +29,13 @@ typedef enum {
     ((slot) < SLOT_CHILDREN   ? OF_STACKS                                                                          \
      : (slot) < SLOT_COUNTERS ? OF_NODE                                                                            \
      : (slot) < SLOT_TICKS    ? OF_PHASE                                                                           \
-                              : OF_PERIODIC)
+     : (slot) < SLOT_ENABLED  ? OF_PERIODIC                                                                        \
+                              : OF_COLLATE)
 
 /* Each slot's attribute name. */
 static const char *const slot_text[SLOTS] = {
     "measuring", "hot", "local", "timeline", "children", "buf", "batches", "counters", "count_calls", "in_first_step",
-    "counting", "loop_ns", "steps", "schedule_pos", "batch_samples", "ticks",
+    "counting", "loop_ns", "steps", "schedule_pos", "batch_samples", "ticks", "enabled", "watching", "collate_fn",
 };
 static PyObject *slot_names[SLOTS]; /* interned, read where a slot is read by name (another type, or not set) */
 
@@ -147,12 +149,29 @@ slot_set(PyObject *obj, Slot slot, PyObject *value)
     return PyObject_SetAttr(obj, slot_names[slot], value);
 }
 
+/* ``a + b``: two ints that fit in a long long added as such, without ``PyNumber_Add``'s dispatch through the int
+ * type's number methods (about ten lines of code fetched cold at each of a step's five or six counter updates,
+ * where the conversions below are already fetched by the clock's arithmetic); anything else by ``PyNumber_Add``. */
+static PyObject *
+add_ints(PyObject *a, PyObject *b)
+{
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        int overflow_a, overflow_b;
+        long long x = PyLong_AsLongLongAndOverflow(a, &overflow_a);
+        long long y = PyLong_AsLongLongAndOverflow(b, &overflow_b);
+        if (!overflow_a && !overflow_b && (y >= 0 ? x <= LLONG_MAX - y : x >= LLONG_MIN - y)) {
+            return PyLong_FromLongLong(x + y);
+        }
+    }
+    return PyNumber_Add(a, b);
+}
+
 /* ``obj.<slot> += 1``: 0, or -1 with an exception. */
 static int
 slot_increment(PyObject *obj, Slot slot)
 {
     PyObject *value = slot_get(obj, slot);
-    PyObject *more = value != NULL ? PyNumber_Add(value, hot_state.one) : NULL;
+    PyObject *more = value != NULL ? add_ints(value, hot_state.one) : NULL;
     Py_XDECREF(value);
     int failed = more == NULL || slot_set(obj, slot, more) < 0;
     Py_XDECREF(more);
@@ -198,6 +217,32 @@ slots_ready(void)
     return 0;
 }
 
+/* Finds ``owners``' slots from ``first`` up to ``end`` and sets them, with the owners (``owners[i]``: NULL for an
+ * owner of none of them): 0, or -1 with an exception, where nothing changed. */
+static int
+set_slots(PyTypeObject *const *owners, int first, int end)
+{
+    unsigned char offsets[SLOTS];
+    for (int slot = first; slot < end; slot++) {
+        Py_ssize_t offset = find_slot(owners[SLOT_OWNER(slot)], (Slot)slot);
+        if (offset < 0) {
+            return -1;
+        }
+        offsets[slot] = (unsigned char)offset;
+    }
+    PyTypeObject *old[SLOT_OWNERS] = {NULL};
+    for (int owner = SLOT_OWNER(first); owner <= SLOT_OWNER(end - 1); owner++) {
+        old[owner] = hot_state.types[owner];
+        Py_INCREF(owners[owner]);
+        hot_state.types[owner] = owners[owner];
+    }
+    memcpy(hot_state.offsets + first, offsets + first, (size_t)(end - first));
+    for (int owner = 0; owner < SLOT_OWNERS; owner++) {
+        Py_XDECREF(old[owner]); /* last: freeing a class may run Python code */
+    }
+    return 0;
+}
+
 /* configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls): where their hot-path slots are, and the loops'
  * frame owner. Nothing changes unless every slot is found. */
 static PyObject *
@@ -209,26 +254,28 @@ configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     PyTypeObject *owners[SLOT_OWNERS] = {(PyTypeObject *)args[0], (PyTypeObject *)args[1], (PyTypeObject *)args[2],
-                                         (PyTypeObject *)args[4]};
-    unsigned char offsets[SLOTS];
-    for (int slot = 0; slot < SLOTS; slot++) {
-        Py_ssize_t offset = find_slot(owners[SLOT_OWNER(slot)], (Slot)slot);
-        if (offset < 0) {
-            return NULL;
-        }
-        offsets[slot] = (unsigned char)offset;
+                                         (PyTypeObject *)args[4], NULL};
+    if (set_slots(owners, 0, SLOT_ENABLED) < 0) {
+        return NULL;
     }
-    PyTypeObject *old[SLOT_OWNERS];
-    for (int owner = 0; owner < SLOT_OWNERS; owner++) {
-        old[owner] = hot_state.types[owner];
-        Py_INCREF(owners[owner]);
-        hot_state.types[owner] = owners[owner];
-    }
-    memcpy(hot_state.offsets, offsets, sizeof(offsets));
     Py_INCREF(args[3]);
     Py_XSETREF(hot_state.loop_owner, args[3]);
-    for (int owner = 0; owner < SLOT_OWNERS; owner++) {
-        Py_XDECREF(old[owner]); /* last: freeing a class may run Python code */
+    Py_RETURN_NONE;
+}
+
+/* configure_collate(TimedCollate): where its flags and wrapped function are, read at each batch's collate in the
+ * main process (``collate_samples``, _reads.c) in place of three attribute lookups. */
+static PyObject *
+configure_collate(PyObject *Py_UNUSED(module), PyObject *collate)
+{
+    if (!PyType_Check(collate)) {
+        PyErr_SetString(PyExc_TypeError, "configure_collate(TimedCollate)");
+        return NULL;
+    }
+    PyTypeObject *owners[SLOT_OWNERS] = {NULL};
+    owners[OF_COLLATE] = (PyTypeObject *)collate;
+    if (set_slots(owners, SLOT_ENABLED, SLOTS) < 0) {
+        return NULL;
     }
     Py_RETURN_NONE;
 }

@@ -437,6 +437,8 @@ static PyMethodDef module_methods[] = {
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,
      "configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls): where the hot path's slots are (see "
      "stepwatch/_slots.c)."},
+    {"configure_collate", configure_collate, METH_O,
+     "configure_collate(TimedCollate): where its flags are, read at each batch's collate (see stepwatch/_slots.c)."},
     {NULL, NULL, 0, NULL},
 };
 

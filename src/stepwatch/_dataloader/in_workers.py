@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import _default_instance
+from .._block_base import COMPILED
 from .._constants import FOLD
 from .._stats import Partial
 
@@ -111,7 +112,10 @@ class TimedCollate:
     """Wraps a ``collate_fn``: times it as ``collate`` and, in a worker, sends the worker's timings along.
 
     In the main process (``num_workers=0``) it times only while a ``watch()`` loop consumes the loader
-    (``watching``), so the loader iterated directly records nothing."""
+    (``watching``), so the loader iterated directly records nothing. Its attributes are slots, which the compiled
+    collate of a single-process loader reads in place at each batch (``configure_collate``)."""
+
+    __slots__ = ("_stopwatch", "collate_fn", "enabled", "watching")
 
     def __init__(self, collate_fn: Callable[[Any], Any], stopwatch: Stopwatch | None) -> None:
         self.collate_fn = collate_fn
@@ -121,6 +125,10 @@ class TimedCollate:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"collate_fn": self.collate_fn, "enabled": self.enabled, "watching": False, "_stopwatch": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self.__slots__:
+            setattr(self, name, state[name])
 
     def __call__(self, samples: Any) -> Any:
         if not self.enabled:
@@ -151,6 +159,12 @@ class TimedCollate:
         if stopwatch.timeline is not None:  # the timeline is kept: the batch's events ride along
             report = (*report, stopwatch.timeline.take_worker_events())
         return Carrier(batch, report)
+
+
+if COMPILED:  # where its slots are, for the compiled collate (_slots.c)
+    from .._speedups import configure_collate  # type: ignore[import-not-found,unused-ignore]
+
+    configure_collate(TimedCollate)
 
 
 BATCHED = "dataset_batch"

@@ -1,0 +1,225 @@
+"""What by hand's stages add to ``auto.py``'s step, measured step by step inside one run (not a test).
+
+``auto.py`` pairs whole runs (plain, by hand, ``auto()``) and takes the median of their differences: unbiased,
+but a run's time moves by tens of microseconds from one run to the next (where its tensors land), so its
+standard error stays at 4 to 7 us over 250 repeats, as large as what separates by hand's figure from its limit
+(0.5% of a 2.4 ms step: 12 us). Here each run interleaves two loops over the same data: the plain step and one
+way's step (each on a DataLoader of its own), in a shuffled order within each round, each step timed from just
+before its ``next()`` to the end of its last stage. Whatever moves a run moves both, so the paired difference of
+their mean steady step (from step ``WARM_STEPS``) has a standard error of 1 to 3 us in 30 repeats. The ways:
+
+- ``plain again``: the plain step once more (the noise floor);
+- ``by hand``: ``watch(loader)`` and five ``timed`` blocks, as in ``auto.py``;
+- ``watch alone`` (its ``next()`` also timed apart), ``watch without its count`` (``counts_samples`` off) and
+  ``timed_iter alone``: the loop's boundary and the data pipeline's timing, split;
+- ``five timed blocks`` around the stages of a plain loop, and ``five with lock`` (``threading.Lock``: a ``with``
+  statement whose own work is next to nothing): what a ``with`` statement costs in place, whoever provides it.
+
+Interleaving has a bias of its own, which this measures rather than hides: between two of a way's steps run
+other steps (one on average, plus ``--fillers`` untimed plain steps a round), whose work pushes more of what
+stepwatch touches out of the caches than one step of its own loop does, so the figures here are upper bounds of
+what a loop of its own pays (which ``auto.py`` measures, unbiased and noisier). A cost that grows with the steps
+between is cache misses: the figures at 0 and at 2 fillers show how much.
+Writes ``benchmarks/results/interleaved.json`` and prints the figures (microseconds added per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from auto import build  # this script's folder, first on sys.path
+from scaling import WARM_STEPS, standard_error
+from torch.utils.data import DataLoader
+
+import stepwatch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WAYS = (
+    "plain again",
+    "by hand",
+    "watch alone",
+    "watch without its count",
+    "timed_iter alone",
+    "five timed blocks",
+    "five with lock",
+)
+clock = time.perf_counter_ns
+
+
+class Steps:
+    """The steps of one run, each a function of its iterator: (the step's ns, its ``next()``'s ns)."""
+
+    def __init__(self, model: Any, optimizer: Any, criterion: Any) -> None:
+        self.model, self.optimizer, self.criterion = model, optimizer, criterion
+        self.lock = threading.Lock()
+
+    def plain(self, batches: Iterator[Any]) -> tuple[int, int]:
+        start = clock()
+        x, y = next(batches)
+        fetched = clock()
+        loss = self.criterion(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return clock() - start, fetched - start
+
+    def timed(self, batches: Iterator[Any]) -> tuple[int, int]:
+        timed = stepwatch.timed
+        start = clock()
+        x, y = next(batches)
+        fetched = clock()
+        with timed("forward"):
+            out = self.model(x)
+        with timed("loss"):
+            loss = self.criterion(out, y)
+        with timed("backward"):
+            loss.backward()
+        with timed("optimizer"):
+            self.optimizer.step()
+        with timed("zero_grad"):
+            self.optimizer.zero_grad()
+        return clock() - start, fetched - start
+
+    def locked(self, batches: Iterator[Any]) -> tuple[int, int]:
+        lock = self.lock
+        start = clock()
+        x, y = next(batches)
+        fetched = clock()
+        with lock:
+            out = self.model(x)
+        with lock:
+            loss = self.criterion(out, y)
+        with lock:
+            loss.backward()
+        with lock:
+            self.optimizer.step()
+        with lock:
+            self.optimizer.zero_grad()
+        return clock() - start, fetched - start
+
+
+def way_loop(way: str, loader: DataLoader[Any], steps: Steps) -> tuple[Iterator[Any], Callable[..., tuple[int, int]]]:
+    """The way's iterator over its own loader, and its step."""
+    if way in ("by hand", "watch alone", "watch without its count"):
+        watched = stepwatch.watch(loader)
+        if way == "watch without its count":
+            watched.counts_samples = False
+        return iter(watched), steps.timed if way == "by hand" else steps.plain
+    if way == "timed_iter alone":
+        return iter(stepwatch.timed_iter(loader)), steps.plain
+    if way == "five timed blocks":
+        return iter(loader), steps.timed
+    return iter(loader), steps.locked if way == "five with lock" else steps.plain
+
+
+def one_run(way: str, loaders: dict[str, DataLoader[Any]], steps: Steps, fillers: int, order: random.Random) -> dict:
+    """One run of ``way`` interleaved with the plain loop (and ``fillers`` untimed plain steps a round): each
+    one's mean steady step and ``next()``, in ns."""
+    gc.collect()
+    gc.disable()
+    stepwatch.enable()
+    try:
+        plain = iter(loaders["plain"])
+        filler = iter(loaders["filler"])
+        batches, step = way_loop(way, loaders["way"], steps)
+        times: dict[str, list[tuple[int, int]]] = {"plain": [], "way": []}
+        for _ in range(len(loaders["plain"])):
+            round_ = ["plain", "way"] + ["filler"] * fillers
+            order.shuffle(round_)
+            for kind in round_:
+                if kind == "plain":
+                    times["plain"].append(steps.plain(plain))
+                elif kind == "way":
+                    times["way"].append(step(batches))
+                else:
+                    try:
+                        steps.plain(filler)
+                    except StopIteration:  # (a round has several)
+                        filler = iter(loaders["filler"])
+                        steps.plain(filler)
+        for rest in (plain, batches):
+            for _ in rest:  # the end of the data: the watched loop closes its last step
+                raise AssertionError("the loaders are of one length")
+    finally:
+        stepwatch.disable()
+        gc.enable()
+    stepwatch.reset()
+    return {
+        kind: {
+            "step": statistics.fmean(whole for whole, _ in runs[WARM_STEPS:]),
+            "next": statistics.fmean(fetch for _, fetch in runs[WARM_STEPS:]),
+        }
+        for kind, runs in times.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=200, help="steps of each loop a run")
+    parser.add_argument("--repeats", type=int, default=30, help="runs of each way at each number of fillers")
+    parser.add_argument("--fillers", default="0,2", help="untimed plain steps a round, comma-separated")
+    parser.add_argument("--ways", default=",".join(WAYS), help="the ways to measure, comma-separated")
+    parser.add_argument("--out", default=str(RESULTS / "interleaved.json"))
+    args = parser.parse_args()
+    if args.steps < WARM_STEPS + 10:
+        parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
+    fillers = [int(count) for count in args.fillers.split(",")]
+    if any(count < 0 for count in fillers):
+        parser.error("--fillers: counts of at least 0")
+    ways = args.ways.split(",")
+    if unknown := set(ways) - set(WAYS):
+        parser.error(f"--ways: unknown {sorted(unknown)}; the ways are {', '.join(WAYS)}")
+    model, optimizer, criterion, loader = build(args.steps)
+    steps = Steps(model, optimizer, criterion)
+    order = random.Random(0)
+    result: dict[str, Any] = {"figures": {}}
+    for count in fillers:
+        figures: dict[str, Any] = {}
+        for way in ways:
+            loaders = {kind: DataLoader(loader.dataset, batch_size=64) for kind in ("plain", "way", "filler")}
+            one_run(way, loaders, steps, count, order)  # warm the path
+            runs = [one_run(way, loaders, steps, count, order) for _ in range(args.repeats)]
+            step = [run["way"]["step"] - run["plain"]["step"] for run in runs]
+            fetch = [run["way"]["next"] - run["plain"]["next"] for run in runs]
+            plain_step = statistics.median(run["plain"]["step"] for run in runs)
+            figures[way] = {
+                "added_ns": statistics.median(step),
+                "added_standard_error_ns": standard_error(step),
+                "share": statistics.median(step) / plain_step,
+                "next_added_ns": statistics.median(fetch),
+                "next_added_standard_error_ns": standard_error(fetch),
+                "plain_step_ns": plain_step,
+            }
+            print(
+                f"fillers {count}  {way:24s} +{figures[way]['added_ns'] / 1e3:6.2f} ± "
+                f"{figures[way]['added_standard_error_ns'] / 1e3:4.2f} us a step ({figures[way]['share']:.2%}), "
+                f"next() +{figures[way]['next_added_ns'] / 1e3:6.2f} ± "
+                f"{figures[way]['next_added_standard_error_ns'] / 1e3:4.2f} us",
+                flush=True,
+            )
+        result["figures"][str(count)] = figures
+    result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    result["config"] = {
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "fillers": fillers,
+        "ways": ways,
+        "warm_steps": WARM_STEPS,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
