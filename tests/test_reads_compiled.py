@@ -298,15 +298,6 @@ def test_a_collate_of_another_class_has_its_flags_read_by_name() -> None:
         )
 
 
-def test_a_collate_wrapper_sent_to_a_worker_keeps_its_function_and_flag_but_not_its_stopwatch() -> None:
-    import pickle
-
-    collate = TimedCollate(sum, _default_instance.stopwatch)
-    collate.enabled = collate.watching = True
-    copy = pickle.loads(pickle.dumps(collate))
-    assert (copy.collate_fn, copy.enabled, copy.watching, copy._stopwatch) == (sum, True, False, None)
-
-
 def test_the_c_read_leaves_the_samples_to_the_interpreters_own_loop() -> None:
     """Each ``__getitem__`` is called from a list comprehension (``read_all``), never from C: from C each call
     re-entered the interpreter, about 100 ns a sample, a cost that grew with the batch."""

@@ -669,3 +669,14 @@ def test_a_sample_that_fails_is_counted_in_its_batch_read() -> None:
             pass
     stages = sw.summary().main_phase.stages
     assert sum(stages[p].calls for p in ("loader/dataset", "first_batch/dataset") if p in stages) == 6  # 4 + 1 + 1
+
+
+def test_a_collate_wrapper_sent_to_a_worker_keeps_its_function_and_flag_but_not_its_stopwatch() -> None:
+    import pickle
+
+    from stepwatch._dataloader.in_workers import TimedCollate
+
+    collate = TimedCollate(sum, stepwatch._default_instance.stopwatch)
+    collate.enabled = collate.watching = True
+    copy = pickle.loads(pickle.dumps(collate))
+    assert (copy.collate_fn, copy.enabled, copy.watching, copy._stopwatch) == (sum, True, False, None)
