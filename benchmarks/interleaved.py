@@ -59,7 +59,9 @@ clock = time.perf_counter_ns
 
 
 class Steps:
-    """The steps of one run, each a function of its iterator: (the step's ns, its ``next()``'s ns)."""
+    """The steps of one run, each a function of its iterator: (the step's ns, its ``next()``'s ns). The block
+    steps are written out rather than made from one step given the context manager: a call to make each block's
+    manager would be part of what they measure, the ``with`` statement's own cost."""
 
     def __init__(self, model: Any, optimizer: Any, criterion: Any) -> None:
         self.model, self.optimizer, self.criterion = model, optimizer, criterion
@@ -175,7 +177,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < WARM_STEPS + 10:
         parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
-    fillers = [int(count) for count in args.fillers.split(",")]
+    if args.repeats < 2:
+        parser.error("--repeats must be at least 2: each figure has a standard error over the repeats")
+    try:
+        fillers = [int(count) for count in args.fillers.split(",")]
+    except ValueError:
+        parser.error(f"--fillers: comma-separated counts, not {args.fillers!r}")
     if any(count < 0 for count in fillers):
         parser.error("--fillers: counts of at least 0")
     ways = args.ways.split(",")
