@@ -170,3 +170,9 @@ SteadyLoop: Any = None
 if COMPILED:
     from ._speedups import SteadyLoop as SteadyLoop  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import swap_frame as swap_frame  # type: ignore[import-not-found,no-redef,unused-ignore]
+
+swap_class_function: Callable[[type, str, Any], bool] | None = None
+"""A Python function on a class swapped for another in C without ``setattr``'s slot updates over its subclasses
+(``_class_attrs.c``), where the blocks are compiled; None elsewhere (``_patches.set_on_class`` then sets it)."""
+if COMPILED:
+    from ._speedups import swap_class_function as swap_class_function  # type: ignore[import-not-found,no-redef,unused-ignore]

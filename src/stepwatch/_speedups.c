@@ -398,6 +398,7 @@ static PyTypeObject BlockBaseType = {
 #include "_reads.c"
 #include "_fetch.c"
 #include "_fold.c"
+#include "_class_attrs.c"
 
 static PyObject *
 configure(PyObject *Py_UNUSED(module), PyObject *fold)
@@ -437,6 +438,9 @@ static PyMethodDef module_methods[] = {
     {"configure_slots", (PyCFunction)(void (*)(void))configure_slots, METH_FASTCALL,
      "configure_slots(ThreadStacks, Node, Phase, LOOP, PeriodicCalls): where the hot path's slots are (see "
      "stepwatch/_slots.c)."},
+    {"swap_class_function", (PyCFunction)(void (*)(void))swap_class_function, METH_FASTCALL,
+     "swap_class_function(cls, name, function): a Python function on a class swapped for another without setattr's "
+     "slot updates; False where it does not apply (see stepwatch/_class_attrs.c)."},
     {"configure_collate", configure_collate, METH_O,
      "configure_collate(TimedCollate): where its flags are, read at each batch's collate (see stepwatch/_slots.c)."},
     {NULL, NULL, 0, NULL},
