@@ -58,6 +58,7 @@ bench-valgrind: setup
 	$(BIN)/python benchmarks/footprint.py
 	$(BIN)/python benchmarks/footprint.py --module-calls 6 --collector paused --out benchmarks/results/footprint_6_calls.json
 	$(BIN)/python benchmarks/footprint.py --module-calls 514 --collector paused --out benchmarks/results/footprint_514_calls.json
+	$(BIN)/python benchmarks/footprint.py --phases --collector paused
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

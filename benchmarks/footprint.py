@@ -46,6 +46,10 @@ place (:data:`~stepwatch._self_cost.IN_SITU` steps from the third), whose steps 
 SWEEP_BYTES = 4 << 20
 LAST_LEVEL = "--LL=2097152,16,64"
 MISSES = ("ILmr", "DLmr", "DLmw")
+PHASES = ("switched on", "step 0", "steps 1-2", f"steps 3-{IN_SITU + 2}", f"steps {IN_SITU + 3}-{WARM_STEPS - 1}")
+"""What ``--phases`` counts apart, a dump each: ``enable()`` or ``auto()`` itself, the loop's first step (its
+setup), ``auto()``'s learning steps, the steps on which stepwatch measures its own cost, and the steady steps
+before :data:`WARM_STEPS`: what a run pays once, against what each step pays."""
 
 
 def layers(module_calls: int) -> list[Any]:
@@ -56,12 +60,14 @@ def layers(module_calls: int) -> list[Any]:
     return [nn.Linear(16, 16) if index % 2 == 0 else nn.ReLU() for index in range(module_calls - 3)]
 
 
-def child(way: str, steps: int, module_calls: int, collector: str) -> None:
+def child(way: str, steps: int, module_calls: int, collector: str, phases: bool = False) -> None:
     """Runs :data:`WARM_STEPS` + ``steps`` steps of one way in this process (under Valgrind), each of its stages
     sweeping the caches, and marks where the counted steps start (``os.getppid()``) and end (``os.getpgrp()``).
     The model's submodule calls run one after the other with nothing swept between them, as a model's layers
     do when they are small: what a call adds there is the code it runs, warm. ``collector`` "paused": Python's
-    garbage collector off before the model is built, so that no collection falls in one count and not in another."""
+    garbage collector off before the model is built, so that no collection falls in one count and not in another.
+    ``phases``: a whole run of the way first, then a count of each of :data:`PHASES` of the next run (a dump at
+    the end of each, the count zeroed just before stepwatch is switched on)."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -102,9 +108,14 @@ def child(way: str, steps: int, module_calls: int, collector: str) -> None:
     total = WARM_STEPS + steps
     loader = DataLoader(TensorDataset(torch.randn(8 * total, 16), torch.randn(8 * total, 16)), batch_size=8)
 
+    marks = (0, 2, IN_SITU + 2, WARM_STEPS - 1) if phases else ()  # each phase's last step
+
     def mark(index: int) -> None:
         sweep()  # the rest of the step: what the program does between its stages and the next batch
-        if index == WARM_STEPS - 1:
+        if phases:
+            if index in marks:
+                os.getpgrp()  # a dump: the phase's count
+        elif index == WARM_STEPS - 1:
             os.getppid()
         elif index == total - 1:
             os.getpgrp()
@@ -113,9 +124,8 @@ def child(way: str, steps: int, module_calls: int, collector: str) -> None:
         sweep()  # inside backward
         return grad
 
-    if way == "by_hand":
-        stepwatch.enable()
-        for index, (x, y) in enumerate(stepwatch.watch(loader)):
+    def by_hand(batches: Any, after_step: Any) -> None:
+        for index, (x, y) in enumerate(stepwatch.watch(batches)):
             with stepwatch.timed("forward"):
                 out = model(x)
             out.register_hook(swept_gradient)
@@ -127,18 +137,38 @@ def child(way: str, steps: int, module_calls: int, collector: str) -> None:
                 optimizer.step()
             with stepwatch.timed("zero_grad"):
                 optimizer.zero_grad()
-            mark(index)
-        return
-    if way == "auto":
-        stepwatch.auto()
-    for index, (x, y) in enumerate(loader):
-        out = model(x)
-        out.register_hook(swept_gradient)
-        loss = criterion(out, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        mark(index)
+            after_step(index)
+
+    def program(batches: Any, after_step: Any) -> None:  # the plain loop, and what auto() patches
+        for index, (x, y) in enumerate(batches):
+            out = model(x)
+            out.register_hook(swept_gradient)
+            loss = criterion(out, y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            after_step(index)
+
+    def switch_on() -> None:
+        if way == "by_hand":
+            stepwatch.enable()
+        elif way == "auto":
+            stepwatch.auto()
+
+    loop = by_hand if way == "by_hand" else program
+    if phases:  # a whole run first, as each of auto.py's runs follows others: its imports and calibration done
+        switch_on()
+        loop(loader, lambda index: None)
+        if way != "plain":
+            stepwatch.auto(False)
+            stepwatch.disable()
+            stepwatch.reset()
+        sweep()
+        os.getppid()
+    switch_on()
+    if phases:
+        os.getpgrp()  # the first phase: switching on
+    loop(loader, mark)
 
 
 def misses_by_object(text: str) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
@@ -182,9 +212,10 @@ def compiled(path: str) -> bool:
     return "_speedups" in path
 
 
-def count(way: str, steps: int, module_calls: int, collector: str) -> dict[str, float]:
+def count(way: str, steps: int, module_calls: int, collector: str, phases: bool = False) -> dict[str, Any]:
     """Runs one way under callgrind with the cache simulated: its instructions and last-level misses a step,
-    and the misses and instructions a step in stepwatch's compiled code."""
+    and the misses and instructions a step in stepwatch's compiled code; with ``phases``, the instructions and
+    misses of each of :data:`PHASES` instead."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch, "out")
         command = [
@@ -198,15 +229,18 @@ def count(way: str, steps: int, module_calls: int, collector: str) -> dict[str, 
             sys.executable,
             __file__,
             "--child",
-            f"{way},{steps},{module_calls},{collector}",
+            f"{way},{steps},{module_calls},{collector}" + (",phases" if phases else ""),
         ]
         env = {key: value for key, value in os.environ.items() if not key.startswith("STEPWATCH")}
         env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
         result = subprocess.run(command, capture_output=True, text=True, env=env)
-        dump = Path(f"{out}.1")
-        if result.returncode or not dump.exists():
-            raise RuntimeError(f"valgrind failed or left no dump at the end mark:\n{result.stderr[-2000:]}")
-        totals, per_object = misses_by_object(dump.read_text())
+        dumps = [Path(f"{out}.{index}") for index in range(1, (len(PHASES) if phases else 1) + 1)]
+        if result.returncode or not all(dump.exists() for dump in dumps):
+            raise RuntimeError(f"valgrind failed or left a dump missing at the marks:\n{result.stderr[-2000:]}")
+        if phases:
+            counts = [misses_by_object(dump.read_text())[0] for dump in dumps]
+            return {"instructions": [c["Ir"] for c in counts], "misses": [sum(c[n] for n in MISSES) for c in counts]}
+        totals, per_object = misses_by_object(dumps[0].read_text())
     in_compiled = [costs for path, costs in per_object.items() if compiled(path)]
     missed_in_compiled = sum(costs[name] for costs in in_compiled for name in MISSES)
     executed_in_compiled = sum(costs["Ir"] for costs in in_compiled)
@@ -236,19 +270,27 @@ def main() -> None:
         default="on",
         help="Python's garbage collector in the counted processes: on (as a program has it), or paused",
     )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="count what a run pays once instead: switching on, each phase of its first steps (footprint_phases.json)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.module_calls < 4:
         parser.error("--module-calls: at least 4 (the Sequential, a Linear, the sweep and the loss)")
     if args.child:
-        way, steps, module_calls, collector = args.child.split(",")
-        child(way, int(steps), int(module_calls), collector)
+        way, steps, module_calls, collector, *phases = args.child.split(",")
+        child(way, int(steps), int(module_calls), collector, phases == ["phases"])
         return
     if shutil.which("valgrind") is None:
         sys.exit("footprint.py: needs valgrind on PATH (apt-get install valgrind)")
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        counts = pool.map(lambda way: count(way, args.steps, args.module_calls, args.collector), WAYS)
+        counts = pool.map(lambda way: count(way, args.steps, args.module_calls, args.collector, args.phases), WAYS)
         counted = dict(zip(WAYS, counts, strict=True))
+    if args.phases:
+        report_phases(counted, args)
+        return
     plain = counted["plain"]
     table = {}
     print(f"{'way':8s} {'lines a step':>12s} {'of them in C':>12s} {'instructions':>13s} {'of them in C':>12s}")
@@ -279,6 +321,36 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def report_phases(counted: dict[str, dict[str, list[int]]], args: argparse.Namespace) -> None:
+    """Prints and writes what each way adds to the plain loop in each of :data:`PHASES`."""
+    plain = counted["plain"]
+    added = {
+        way: {
+            phase: {
+                "instructions": counted[way]["instructions"][index] - plain["instructions"][index],
+                "lines": counted[way]["misses"][index] - plain["misses"][index],
+            }
+            for index, phase in enumerate(PHASES)
+        }
+        for way in WAYS[1:]
+    }
+    print(f"{'phase':14s}" + "".join(f" {way + ' lines':>15s} {way + ' instructions':>22s}" for way in WAYS[1:]))
+    for phase in PHASES:
+        cells = [f" {added[way][phase]['lines']:15,d} {added[way][phase]['instructions']:22,d}" for way in WAYS[1:]]
+        print(f"{phase:14s}{''.join(cells)}")
+    out = args.out if args.out != RESULTS / "footprint.json" else RESULTS / "footprint_phases.json"
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "last_level_cache": LAST_LEVEL,
+        "module_calls_per_step": args.module_calls,
+        "collector": args.collector,
+        "phases": list(PHASES),
+        "added": added,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

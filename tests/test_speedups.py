@@ -148,6 +148,33 @@ def test_the_compiled_blocks_record_what_the_python_ones_do() -> None:
     assert "('step/a/b', 5)" in here and "('step/c', 5)" in here
 
 
+def test_clock_readings_of_every_size_give_the_durations_python_gives() -> None:
+    """The ints a block reads from its clock and the durations it makes of them (``elapsed_since`` and
+    ``difference`` in C: ints that fit in 64 bits as such, any other through Python's subtraction): readings on
+    each side of an int's 30-bit digits, of 2**60 and 2**63, negative and of mixed signs, durations from 0 up, each
+    a block's only pair of readings. In C and in the Python twin: each stage's total, minimum and maximum are the
+    end minus the start."""
+    program = (
+        "import stepwatch\n"
+        "pairs = [(0, 256), (1, 258), (5, 5), (2**30 - 1, 2**31 - 1), (2**30, 2**30 + 7), (2**60 - 5, 2**60 + 5),\n"
+        "         (2**60 - 1, 2**61), (2**62, 2**63 - 1), (-(2**40), -(2**40) + 1000), (-5, 5), (10, 2**59)]\n"
+        "readings = []\n"
+        "sw = stepwatch.Stopwatch(clock=lambda: readings.pop(0) if readings else 0)\n"
+        "sw.enable()\n"
+        "for index, pair in enumerate(pairs):\n"
+        "    readings[:] = pair\n"
+        "    with sw.timed(f'b{index}'):\n"
+        "        pass\n"
+        "stages = sw.summary().phases['train'].stages\n"
+        "for index, (start, end) in enumerate(pairs):\n"
+        "    st = stages[f'b{index}']\n"
+        "    assert st.total_ns == st.min_ns == st.max_ns == end - start, (start, end, st)\n"
+        "    print(index, st.total_ns, type(st.total_ns).__name__)\n"
+    )
+    here = compiled_and_pure_output(program)
+    assert here.splitlines()[7] == f"7 {2**63 - 1 - 2**62} int", here
+
+
 def test_the_blocks_common_case_and_every_case_it_hands_on_record_what_the_python_ones_do() -> None:
     """The compiled block's compact common case hands each other case, before writing anything, to the general
     one: a stage's buffer filling up (a fold, at every FOLD-th exit), a new thread, a new child, a block left open
