@@ -159,8 +159,9 @@ def child(way: str, steps: int, module_calls: int, collector: str, phases: bool 
     if phases:  # a whole run first, as each of auto.py's runs follows others: its imports and calibration done
         switch_on()
         loop(loader, lambda index: None)
-        if way != "plain":
+        if way == "auto":
             stepwatch.auto(False)
+        if way != "plain":
             stepwatch.disable()
             stepwatch.reset()
         sweep()
@@ -257,7 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="steps counted, after the warm ones")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", type=Path, default=RESULTS / "footprint.json")
+    parser.add_argument("--out", type=Path, help="footprint.json, or footprint_phases.json with --phases")
     parser.add_argument(
         "--module-calls",
         type=int,
@@ -288,6 +289,7 @@ def main() -> None:
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         counts = pool.map(lambda way: count(way, args.steps, args.module_calls, args.collector, args.phases), WAYS)
         counted = dict(zip(WAYS, counts, strict=True))
+    args.out = args.out or RESULTS / ("footprint_phases.json" if args.phases else "footprint.json")
     if args.phases:
         report_phases(counted, args)
         return
@@ -340,7 +342,6 @@ def report_phases(counted: dict[str, dict[str, list[int]]], args: argparse.Names
     for phase in PHASES:
         cells = [f" {added[way][phase]['lines']:15,d} {added[way][phase]['instructions']:22,d}" for way in WAYS[1:]]
         print(f"{phase:14s}{''.join(cells)}")
-    out = args.out if args.out != RESULTS / "footprint.json" else RESULTS / "footprint_phases.json"
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "last_level_cache": LAST_LEVEL,
@@ -349,8 +350,8 @@ def report_phases(counted: dict[str, dict[str, list[int]]], args: argparse.Names
         "phases": list(PHASES),
         "added": added,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
