@@ -4,6 +4,8 @@ their own row, out of the steady-state steps, named in the report, the verdict, 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,9 +73,16 @@ def test_stepwatch_run_sees_the_compilations_of_an_unmodified_script(tmp_path: P
 
 
 def test_a_run_without_torch_compile_says_nothing_of_it() -> None:
+    """(Its loop waits for its data: a compute-bound verdict's advice names torch.compile among the remedies.)"""
+
+    def waited_for() -> Iterator[int]:
+        for item in range(4):
+            time.sleep(0.003)
+            yield item
+
     sw = Stopwatch()
     sw.enable()
-    for _ in sw.timed_iter(range(3)):
+    for _ in sw.timed_iter(waited_for()):
         pass
     summary = sw.summary()
     assert summary.metadata["compiles"] == [] and "torch.compile" not in stepwatch.render(summary)
@@ -124,3 +133,33 @@ def test_stepwatch_run_counts_a_compiled_models_flops_on_an_eager_step(tmp_path:
     record = run.metadata["flops"]["train"]
     assert (record["forward"], record["backward"], record["at_step"]) == (8704, 9216, 2)
     assert [event[0] for event in run.metadata["compiles"] if event[3]] == [11]
+
+
+def test_a_stopwatch_that_watched_for_compilations_is_freed_when_dropped() -> None:
+    """torch keeps its compiler callbacks for the process: stepwatch's reach their stopwatch weakly, so a dropped
+    stopwatch (and all it recorded) is freed, and the next one's install removes the callbacks left behind."""
+    import gc
+    import weakref
+
+    import torch._dynamo  # noqa: F401  (the compiler loaded: a loop's start installs the callbacks)
+    from torch._dynamo.callback import callback_handler
+
+    from stepwatch._compile import WeakCallback
+
+    sw = Stopwatch()
+    sw.enable()
+    for _ in sw.timed_iter(range(3)):
+        pass
+    assert sw.compiles.installed
+    gone = weakref.ref(sw)
+    del sw
+    gc.collect()
+    assert gone() is None
+    other = Stopwatch()
+    other.enable()
+    for _ in other.timed_iter(range(3)):
+        pass
+    for callbacks in (callback_handler.start_callbacks, callback_handler.end_callbacks):
+        ours = [callback for callback in callbacks if isinstance(callback, WeakCallback)]
+        assert ours and not any(callback.dead for callback in ours)
+        assert any(callback.watch() is other.compiles for callback in ours)

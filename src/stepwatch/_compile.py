@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ._constants import COMPILE, FOLD
@@ -45,8 +46,14 @@ class CompileWatch:
         handler = getattr(getattr(dynamo, "callback", None), "callback_handler", None)
         if handler is None:
             return
-        handler.register_start_callback(self.started)
-        handler.register_end_callback(self.ended)
+        for callbacks, remove in (
+            (handler.start_callbacks, handler.remove_start_callback),
+            (handler.end_callbacks, handler.remove_end_callback),
+        ):
+            for callback in [one for one in callbacks if isinstance(one, WeakCallback) and one.dead]:
+                remove(callback)  # those of stopwatches gone since
+        handler.register_start_callback(WeakCallback(self, "started"))
+        handler.register_end_callback(WeakCallback(self, "ended"))
         self.installed = True
 
     def started(self, args: Any) -> None:
@@ -86,6 +93,28 @@ class CompileWatch:
             # of it is not known there)
             step = phase.schedule_pos + (sw.schedule.warmup if phase.schedule_pos else 0)
             self.events.append([step, compile_id, duration / 1e9, _is_recompilation(compile_id)])
+
+
+class WeakCallback:
+    """A compiler callback that reaches its ``CompileWatch`` through a weak reference: torch keeps its callbacks
+    for the life of the process, and a bound method kept each stopwatch that ever ran a loop, and all it recorded.
+    Once the watch is gone, it does nothing, and the next ``install`` removes it (not this call: torch is
+    iterating over its callbacks then)."""
+
+    __slots__ = ("method", "watch")
+
+    def __init__(self, watch: CompileWatch, method: str) -> None:
+        self.watch = weakref.ref(watch)
+        self.method = method
+
+    @property
+    def dead(self) -> bool:
+        return self.watch() is None
+
+    def __call__(self, args: Any) -> None:
+        watch = self.watch()
+        if watch is not None:
+            getattr(watch, self.method)(args)
 
 
 def _is_recompilation(compile_id: str) -> bool:
