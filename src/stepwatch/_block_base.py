@@ -167,7 +167,11 @@ swap_frame: Callable[..., tuple[Any, Any, int] | None] = python_swap_frame
 SteadyLoop: Any = None
 """A timed loop's steady steps as an iterator in C (``_steady.c``), where the blocks are compiled; None elsewhere
 (``_loops.iterate`` then keeps its own loop)."""
+DirectLoop: Any = None
+"""A timed loop's iterator in C that runs its ``SteadyLoop`` without resuming the loop's generator
+(``_direct_loop.c``), where the blocks are compiled; None elsewhere (the generator is the iterator then)."""
 if COMPILED:
+    from ._speedups import DirectLoop as DirectLoop  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import SteadyLoop as SteadyLoop  # type: ignore[import-not-found,no-redef,unused-ignore]
     from ._speedups import swap_frame as swap_frame  # type: ignore[import-not-found,no-redef,unused-ignore]
 

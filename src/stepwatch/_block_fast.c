@@ -39,6 +39,26 @@ has_room(PyObject *list)
     return PyList_CheckExact(list) && PyList_GET_SIZE(list) < ((PyListObject *)list)->allocated;
 }
 
+#if PY_VERSION_HEX < 0x030E0000
+#define REFILLS_FRAMES 1
+#else
+#define REFILLS_FRAMES 0 /* a tuple caches its hash from 3.14: one refilled would keep its first */
+#endif
+
+/* The block's own frame, ``(block, node, start)``, held by the block and refilled at each entry, made here (or made
+ * anew where something besides the block holds it: a stack it is still on, a program or ``gc.get_referents``, which
+ * then keeps the one it holds as it is): a borrowed reference, or NULL with an exception. A new tuple at each entry, freed at the exit, fetched the
+ * allocator's and the collector's lines cold, and a neighbour's, in a real step (benchmarks/footprint.py). */
+static COLD PyObject *
+new_own_frame(BlockObject *self)
+{
+    PyObject *frame = PyTuple_Pack(3, (PyObject *)self, Py_None, Py_None);
+    if (frame != NULL) {
+        Py_XSETREF(self->frame, frame);
+    }
+    return frame;
+}
+
 static PyObject *
 block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -68,33 +88,24 @@ block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
     if (node == NULL || !read_clock_raw(self->clock, &now_ns)) {
         return PyErr_Occurred() ? NULL : block_enter_general(self); /* a new child, or another clock */
     }
-    /* The tuple's allocation may collect garbage, and a finalizer run Python code: both are held across it. */
-    Py_INCREF(node);
-    Py_INCREF(stack);
+    PyObject *frame = self->frame;
+    if (!REFILLS_FRAMES || frame == NULL || Py_REFCNT(frame) != 1) {
+        /* its first entry, or its frame held elsewhere: a new one for the next entry, and this one the general way
+         * (the allocation may have run Python code, which may have changed the stack) */
+        return REFILLS_FRAMES && new_own_frame(self) == NULL ? NULL : block_enter_general(self);
+    }
     PyObject *start = PyLong_FromLongLong(now_ns);
-    PyObject *frame = start == NULL ? NULL : PyTuple_New(3);
-    int failed = frame == NULL;
-    if (failed) {
-        Py_XDECREF(start);
-        Py_DECREF(node);
-    }
-    else {
-        Py_INCREF(self);
-        PyTuple_SET_ITEM(frame, 0, (PyObject *)self);
-        PyTuple_SET_ITEM(frame, 1, node);
-        PyTuple_SET_ITEM(frame, 2, start);
-        if (has_room(stack)) {
-            append_with_room(stack, frame);
-        }
-        else {
-            failed = PyList_Append(stack, frame) < 0;
-            Py_DECREF(frame);
-        }
-    }
-    Py_DECREF(stack);
-    if (failed) {
+    if (start == NULL) {
         return NULL;
     }
+    PyObject *former_node = PyTuple_GET_ITEM(frame, 1), *former_start = PyTuple_GET_ITEM(frame, 2);
+    Py_INCREF(node);
+    PyTuple_SET_ITEM(frame, 1, node);
+    PyTuple_SET_ITEM(frame, 2, start);
+    Py_INCREF(frame);
+    append_with_room(stack, frame); /* (room checked above, and nothing has run since) */
+    Py_DECREF(former_node); /* last: freeing them may run Python code */
+    Py_DECREF(former_start);
     Py_RETURN_NONE;
 }
 
@@ -122,7 +133,8 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *node = PyTuple_GET_ITEM(frame, 1), *start = PyTuple_GET_ITEM(frame, 2);
     PyObject *buf = Py_TYPE(node) == SLOT_TYPE(SLOT_BUF) ? SLOT_IN_PLACE(node, SLOT_BUF) : NULL;
-    if (buf == NULL || !has_room(buf) || PyList_GET_SIZE(buf) + 1 >= hot_state.fold_at || !PyLong_CheckExact(start)) {
+    if (buf == NULL || (!has_room(buf) && !(PyList_CheckExact(buf) && make_room(buf))) ||
+        PyList_GET_SIZE(buf) + 1 >= hot_state.fold_at || !PyLong_CheckExact(start)) {
         return block_exit_general(self, args, nargs, &end_ns);
     }
     int overflow;
@@ -136,7 +148,7 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (elapsed != NULL) {
         append_with_room(buf, elapsed); /* the frame holds the node, and with it its buffer */
     }
-    Py_DECREF(frame); /* last: freeing it may run Python code */
+    Py_DECREF(frame); /* last: freeing it may run Python code (the block's own frame is not freed: it holds it) */
     if (elapsed == NULL) {
         return NULL;
     }

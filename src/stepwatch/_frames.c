@@ -169,6 +169,36 @@ difference(PyObject *end, PyObject *start)
     return PyNumber_Subtract(end, start);
 }
 
+/* Room for one more item in a stage's buffer (a plain list, full), made by doubling its allocation up to the fold
+ * size: 1, or 0 where it could not be made (no exception: ``list.append`` then grows it its own way). A list grows
+ * by an eighth, so a buffer filled to the fold size from empty was reallocated 28 times, each a copy of it and a
+ * call on the slow path with cold code (benchmarks/footprint.py); doubled, 7 times. The items' array is allocated
+ * with ``PyMem_Realloc``, as the list's own code does in every build with the GIL. */
+static COLD int
+make_room(PyObject *list)
+{
+#ifdef Py_GIL_DISABLED
+    (void)list;
+    return 0;
+#else
+    PyListObject *items_of = (PyListObject *)list;
+    Py_ssize_t size = PyList_GET_SIZE(list), wanted = items_of->allocated < 8 ? 16 : items_of->allocated * 2;
+    if (wanted > hot_state.fold_at) {
+        wanted = hot_state.fold_at;
+    }
+    if (wanted <= size || (size_t)wanted > PY_SSIZE_T_MAX / sizeof(PyObject *)) {
+        return 0;
+    }
+    PyObject **items = PyMem_Realloc(items_of->ob_item, (size_t)wanted * sizeof(PyObject *));
+    if (items == NULL) {
+        return 0;
+    }
+    items_of->ob_item = items;
+    items_of->allocated = wanted;
+    return 1;
+#endif
+}
+
 /* ``list.append(item)``, then ``stacks.fold(node)`` once ``len(list)`` reaches the fold size (``list``: a node's
  * buffer, or its batches): 0, or -1 with an exception. */
 static COLD int
@@ -178,6 +208,9 @@ static int
 append_and_fold(PyObject *stacks, PyObject *node, PyObject *list, PyObject *item)
 {
     if (PyList_CheckExact(list) && PyList_GET_SIZE(list) + 1 < hot_state.fold_at) {
+        if (PyList_GET_SIZE(list) >= ((PyListObject *)list)->allocated) {
+            make_room(list);
+        }
         return PyList_Append(list, item); /* the common case: the buffer not full after it */
     }
     return append_and_fold_slowly(stacks, node, list, item);

@@ -10,11 +10,11 @@ leaves the stack as it found it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._batch_size import CountSamples
-from ._block_base import SteadyLoop, swap_frame
+from ._block_base import DirectLoop, SteadyLoop, swap_frame
 from ._constants import DEFAULT_PHASE, FIRST_BATCH, FIRST_STEP, FOLD
 from ._dataloader.find import loader_config
 from ._device import _Loop
@@ -42,6 +42,17 @@ def is_outermost(stack: list[Any]) -> bool:
     return not any(frame[0] is None for frame in stack[1:])
 
 
+def timed_loop(
+    sw: Stopwatch, iterable: Iterable[T], stage: str, body: str, phase_name: str | None, **options: Any
+) -> Iterator[T]:
+    """A ``for`` statement's timed loop: :func:`iterate`'s generator, behind the compiled ``DirectLoop`` where it is
+    built (its steady steps then run without resuming the generator; ``_direct_loop.c``)."""
+    if DirectLoop is None:
+        return iterate(sw, iterable, stage, body, phase_name, **options)
+    delegate: list[Any] = [None]
+    return DirectLoop(iterate(sw, iterable, stage, body, phase_name, **options, delegate=delegate), delegate)  # type: ignore[no-any-return]
+
+
 def iterate(
     sw: Stopwatch,
     iterable: Iterable[T],
@@ -54,6 +65,7 @@ def iterate(
     around: Callable[[], Callable[[], None]] | None = None,
     for_frame: bool = True,
     samples: tuple[int | None, int] | None = None,
+    delegate: list[Any] | None = None,
 ) -> Generator[T, None, None]:
     """The generator behind :meth:`Stopwatch.timed_iter`; ``source``, when it is a DataLoader, has its
     configuration recorded for the phase (the advice depends on it). A ``driven`` loop is advanced by hooks
@@ -66,7 +78,8 @@ def iterate(
     calling ``next()`` is the one whose ``for`` statement consumes the loop (not behind auto()'s iterator).
     ``samples``: count each measured step's batch's samples (``watch()``), ``(uniform, full)`` as
     :func:`~stepwatch._batch_size.uniform_batches` gives them; a loop without a phase of its own counts none (its
-    batches are the enclosing step's)."""
+    batches are the enclosing step's). ``delegate``: where the ``SteadyLoop`` delegated to is put while it runs, for
+    the ``DirectLoop`` in front of this generator (:func:`timed_loop`)."""
     clock = sw.clock
     stacks = sw.stacks
     stack = stacks.thread_stack()
@@ -131,9 +144,13 @@ def iterate(
                 steps = SteadyLoop(
                     stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index, sizes
                 )
+                if delegate is not None:
+                    delegate[0] = steps
                 try:
                     yield from steps
                 finally:  # (an exception from the data, or a close() between two items, goes on with these)
+                    if delegate is not None:
+                        delegate[0] = None
                     wait_frame, body_frame, index, outcome, item = steps.state()
                 if outcome == EXHAUSTED:
                     end_of_data(sw, local, stack, wait_frame)

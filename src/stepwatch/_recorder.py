@@ -25,7 +25,7 @@ from ._device import DeviceTimer
 from ._flops import FlopCount
 from ._live import LiveView
 from ._loop_sites import OpenLoops
-from ._loops import iterate
+from ._loops import timed_loop
 from ._peaks import check_peak
 from ._periodic import PeriodicCalls
 from ._results import Results, save_run
@@ -379,7 +379,7 @@ class Stopwatch(Results):
         check_loop_names(stage, body, phase)
         if not self.stacks.enabled:
             return iter(iterable)
-        return iterate(self, iterable, stage, body, phase)
+        return timed_loop(self, iterable, stage, body, phase)
 
     def watch(
         self,

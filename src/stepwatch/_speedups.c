@@ -19,14 +19,19 @@
 #include <structmember.h>
 #include <time.h>
 
+/* A block's fields, those a ``with`` reads first: with the header they fill 64 bytes, and the object, padded to 112
+ * bytes (128 with the collector's header, a size the allocator places on a 64-byte boundary), has them on one cache
+ * line, fetched cold once a block in a real step (benchmarks/footprint.py). */
 typedef struct {
     PyObject_HEAD
-    PyObject *sw;     /* the Stopwatch */
-    PyObject *name;   /* the stage name */
-    PyObject *clock;  /* the stopwatch's clock: called with no arguments, returns an int of nanoseconds */
-    PyObject *inside; /* threads inside this block opened while switched off (read by the Python subclasses) */
     PyObject *stacks; /* ``sw.stacks``, kept: the stopwatch's state lent or shared re-points it (Blocks.follow_state) */
+    PyObject *clock;  /* the stopwatch's clock: called with no arguments, returns an int of nanoseconds */
+    PyObject *name;   /* the stage name */
+    PyObject *frame;  /* its own frame, refilled at each entry while nothing else holds it (_block_fast.c) */
     PyObject *bound[4]; /* its __enter__, __exit__, _dropped_enter and _dropped_exit bound, once used (_bound.c) */
+    PyObject *sw;     /* the Stopwatch */
+    PyObject *inside; /* threads inside this block opened while switched off (read by the Python subclasses) */
+    void *padding[2];
 } BlockObject;
 
 #if defined(__GNUC__)
@@ -252,6 +257,7 @@ block_traverse(BlockObject *self, visitproc visit, void *arg)
     Py_VISIT(self->clock);
     Py_VISIT(self->inside);
     Py_VISIT(self->stacks);
+    Py_VISIT(self->frame);
     for (size_t i = 0; i < sizeof(self->bound) / sizeof(self->bound[0]); i++) {
         Py_VISIT(self->bound[i]);
     }
@@ -266,6 +272,7 @@ block_clear(BlockObject *self)
     Py_CLEAR(self->clock);
     Py_CLEAR(self->inside);
     Py_CLEAR(self->stacks);
+    Py_CLEAR(self->frame);
     for (size_t i = 0; i < sizeof(self->bound) / sizeof(self->bound[0]); i++) {
         Py_CLEAR(self->bound[i]);
     }
@@ -395,6 +402,7 @@ static PyTypeObject BlockBaseType = {
 #include "_auto_steps.c"
 #include "_boundary.c"
 #include "_steady.c"
+#include "_direct_loop.c"
 #include "_reads.c"
 #include "_fetch.c"
 #include "_fold.c"
@@ -490,7 +498,7 @@ PyInit__speedups(void)
         return NULL;
     }
     PyTypeObject *types[] = {&BlockBaseType, &AutoCallType, &AutoStateType, &AutoStepsType,
-                             &SteadyLoopType, &CounterType,   &LookupType};
+                             &SteadyLoopType, &CounterType,   &LookupType,   &DirectLoopType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         if (PyModule_AddType(module, types[i]) < 0) { /* readied, and added under its name after the last dot */
             Py_DECREF(module);

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._batch_size import uniform_batches
 from .._blocks import check_loop_names
-from .._loops import iterate
+from .._loops import timed_loop
 from .find import find_loaders, is_loader
 from .in_workers import (
     Carrier,
@@ -172,7 +172,7 @@ class WatchedLoader(Generic[T]):
         samples = None
         if self.counts_samples:  # (a loader of loaders: no batch size of its own, its batches are looked into)
             samples = uniform_batches(self.loader) if self.iterable is self.loader else (None, 0)
-        return iterate(
+        return timed_loop(
             self.stopwatch,
             self.iterable,
             self.stage,
