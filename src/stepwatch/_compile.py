@@ -16,7 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ._constants import COMPILE, FOLD
-from ._loops import delay_frames
+from ._loop_frames import delay_frames
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
