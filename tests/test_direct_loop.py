@@ -98,7 +98,7 @@ def test_a_loop_iterated_from_inside_its_own_fetch_is_refused_as_a_running_gener
 
     def data() -> Iterator[int]:
         for i in range(30):
-            if i == 12:
+            if i > 0:  # (the first fetch runs before the loop is assigned)
                 try:
                     next(loop)
                 except ValueError as error:
@@ -106,8 +106,8 @@ def test_a_loop_iterated_from_inside_its_own_fetch_is_refused_as_a_running_gener
             yield i
 
     loop = sw.timed_iter(data())
-    assert list(loop) == list(range(30))
-    assert errors == ["generator already executing"] and at_root(sw)
+    assert list(loop) == list(range(30))  # at every step: the generator's own, the first steady one and the rest
+    assert errors == ["generator already executing"] * 29 and at_root(sw)
 
 
 def test_without_the_compiled_loop_the_generator_is_the_iterator(monkeypatch: pytest.MonkeyPatch) -> None:
