@@ -17,7 +17,7 @@ from stepwatch import Stopwatch, _block_base
 from stepwatch._blocks import Block
 
 pytestmark = pytest.mark.skipif(
-    _block_base.swap_class_function is None, reason="the compiled blocks were not built (pure-Python install)"
+    not _block_base.COMPILED, reason="the compiled blocks were not built (pure-Python install)"
 )
 
 
