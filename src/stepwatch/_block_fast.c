@@ -45,16 +45,17 @@ has_room(PyObject *list)
 #define REFILLS_FRAMES 0 /* a tuple caches its hash from 3.14: one refilled would keep its first */
 #endif
 
-/* The block's own frame, ``(block, node, start)``, held by the block and refilled at each entry, made here (or made
- * anew where something besides the block holds it: a stack it is still on, a program or ``gc.get_referents``, which
- * then keeps the one it holds as it is): a borrowed reference, or NULL with an exception. A new tuple at each entry, freed at the exit, fetched the
+/* The block's own frame, ``(block, node, start)``, held by the block and refilled at each entry while nothing else
+ * holds it (a stack it is still on, in a nested use or another thread's; a program or ``gc.get_referents``: that
+ * entry goes the general way, the frame left as it is), made here at the block's second entry: a borrowed
+ * reference, or NULL with an exception. A new tuple at each entry, freed at the exit, fetched the
  * allocator's and the collector's lines cold, and a neighbour's, in a real step (benchmarks/footprint.py). */
 static COLD PyObject *
 new_own_frame(BlockObject *self)
 {
     PyObject *frame = PyTuple_Pack(3, (PyObject *)self, Py_None, Py_None);
     if (frame != NULL) {
-        Py_XSETREF(self->frame, frame);
+        Py_XSETREF(self->frame, frame); /* (a finalizer run by the allocation may have made one) */
     }
     return frame;
 }
@@ -90,9 +91,9 @@ block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
     }
     PyObject *frame = self->frame;
     if (!REFILLS_FRAMES || frame == NULL || Py_REFCNT(frame) != 1) {
-        /* its first entry, or its frame held elsewhere: a new one for the next entry, and this one the general way
-         * (the allocation may have run Python code, which may have changed the stack) */
-        return REFILLS_FRAMES && new_own_frame(self) == NULL ? NULL : block_enter_general(self);
+        /* its first entry (its frame made for the next), or its frame held elsewhere: this one the general way (an
+         * allocation may run Python code, which may change the stack) */
+        return REFILLS_FRAMES && frame == NULL && new_own_frame(self) == NULL ? NULL : block_enter_general(self);
     }
     PyObject *start = PyLong_FromLongLong(now_ns);
     if (start == NULL) {

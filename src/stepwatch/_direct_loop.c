@@ -52,8 +52,7 @@ direct_next(DirectLoopObject *self)
     }
     PyObject *delegate = self->delegate;
     PyObject *steps = PyList_GET_SIZE(delegate) == 1 ? PyList_GET_ITEM(delegate, 0) : NULL;
-    if (steps != NULL && Py_TYPE(steps) == &SteadyLoopType &&
-        ((SteadyLoopObject *)steps)->outcome == STEADY_RUNNING && ((SteadyLoopObject *)steps)->body_frame != NULL) {
+    if (steps != NULL && Py_TYPE(steps) == &SteadyLoopType) { /* (one stopped returns NULL at once, no exception) */
         Py_INCREF(steps); /* (the fetch can run anything, the generator's delegate replaced with it) */
         self->running = 1;
         PyObject *item = steady_next((SteadyLoopObject *)steps);
