@@ -59,14 +59,14 @@ def test_the_report_ends_with_the_blocks_timed_at_the_calibrated_cost(tmp_path: 
     assert operations(summary) == {
         "blocks": 0 if in_c else 44, "blocks in C": 44 if in_c else 0, "steps": 0 if in_c else 10,
         "steps in C": 10 if in_c else 0, "patched calls": 0, "patched calls in C": 0, "worker reports": 0,
-        "count() calls": 0,
+        "count() calls": 0, "count() calls in C": 0,
     }  # fmt: skip
     measured = sum(phase.measured_ns for phase in summary.phases.values())
     share = (54 * BLOCK_IN_C_WEIGHT if in_c else 54) * cost / measured
     assert own_share(summary) == pytest.approx(share)
     last = stepwatch.render(summary).rstrip().splitlines()[-1]
     kinds = "44 blocks in C, 10 steps in C" if in_c else "44 blocks, 10 steps"
-    weight = ", a block or step in C at 30% of that" if in_c else ""
+    weight = ", a block, step or count in C at 30% of that" if in_c else ""
     assert last == (
         f"stepwatch's own cost: about {share:.1%} of the measured time ({kinds}, at ~{cost / 1e3:.1f} us"
         f" each{weight}, measured in this process)"
@@ -215,21 +215,21 @@ def test_auto_instrumentations_patched_calls_are_counted(auto: None) -> None:
     summary = stepwatch.summary()
     counts = operations(summary)
     # forward, loss, backward, zero_grad once and the optimizer twice, over 6 steps, from wrappers in C where
-    # they are built; dataset and collate wrappers; auto's loop, once a batch
+    # they are built; dataset and collate wrappers; auto's loop, once a batch (in C with the wrappers)
     in_c = summary.metadata["auto_in_c"]
     assert in_c is _block_base.COMPILED is summary.metadata["reads_in_c"]  # the default stopwatch's reads
-    assert counts["patched calls in C"] == (6 * 6 + 2 * 6 if in_c else 0)
-    assert counts["patched calls"] == 6 + (0 if in_c else 6 * 6 + 2 * 6)
-    # and the sample count of each step but the first (a one-off: neither its time nor its counts are measured)
-    assert counts["count() calls"] == 5
+    assert counts["patched calls in C"] == (6 * 6 + 2 * 6 + 6 if in_c else 0)
+    assert counts["patched calls"] == (0 if in_c else 6 + 6 * 6 + 2 * 6)
+    # and the sample count of each step but the first (a one-off: neither its time nor its counts are measured),
+    # in C where the blocks are
+    assert counts["count() calls in C" if in_c else "count() calls"] == 5
     # a wrapper in C is weighed at a fifth of an operation beyond the block it opens (counted among the blocks)
     measured = sum(phase.measured_ns for phase in summary.phases.values())
-    operations_weighed = (
-        sum(counts.values()) - (0.8 * 8 * 6 if in_c else 0) - 0.7 * (counts["blocks in C"] + counts["steps in C"])
-    )
+    at_a_block = counts["blocks in C"] + counts["steps in C"] + counts["count() calls in C"]
+    operations_weighed = sum(counts.values()) - (0.8 * 9 * 6 if in_c else 0) - 0.7 * at_a_block
     assert own_share(summary) == pytest.approx(operations_weighed * summary.metadata["block_ns"] / measured)
     last = stepwatch.render(summary).rstrip().splitlines()[-1]
-    assert ("48 patched calls in C" in last and "a patched call in C at 20% of that" in last) is in_c, last
+    assert ("54 patched calls in C" in last and "a patched call in C at 20% of that" in last) is in_c, last
     pure = replace(summary, metadata={**summary.metadata, "auto_in_c": False, "reads_in_c": False})  # all at 1
     assert operations(pure)["patched calls"] == 2 * 6 + 6 + 6 * 6 and operations(pure)["patched calls in C"] == 0
 
@@ -249,8 +249,9 @@ def test_count_calls_are_counted_kept_and_resumed(tmp_path: Path) -> None:
         sw.count(samples=2)
     summary = sw.summary()
     assert summary.phases["train"].count_calls == 5 and summary.phases["val"].count_calls == 2
-    assert operations(summary)["count() calls"] == 7
-    assert "7 count() calls" in stepwatch.render(summary).rstrip().splitlines()[-1]
+    in_c = "count() calls in C" if summary.metadata["blocks_in_c"] else "count() calls"  # (Counter, _counter.c)
+    assert operations(summary)[in_c] == 7
+    assert f"7 {in_c}" in stepwatch.render(summary).rstrip().splitlines()[-1]
     sw.save(tmp_path / "run.json")
     assert stepwatch.load(tmp_path / "run.json").phases["train"].count_calls == 5
     resumed = Stopwatch(clock=clock)

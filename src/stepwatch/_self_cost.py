@@ -56,6 +56,10 @@ and its wrapper as a patched call, unless the run's single-process reads and col
 two wrappers patched calls in C: together about a block's in-place cost (in ``auto.py``'s step the fetch took
 3.5 us more than torch's, bracketed, against 4 us an operation)."""
 
+IN_C_AT_A_BLOCK = ("blocks in C", "steps in C", "count() calls in C")
+"""The kinds of operation weighed at :data:`BLOCK_IN_C_WEIGHT`: a ``count()`` in C (``_counter.c``, ``_counts.c``)
+does about what a block's entry does (in a tight loop 127 ns against a block's 162)."""
+
 PYTHON_ROWS = ("dataset",)
 """The rows counted as frames opened and closed in Python where the reads did not run in C (see above)."""
 
@@ -188,9 +192,10 @@ def operations(summary: Summary) -> dict[str, int]:
     a dataset's reads and a collate function that run in the main process (one a batch each); ``worker
     reports``, one a batch from DataLoader workers, unpacked and merged; ``count() calls`` that added to the
     counters (auto's sample count among them). Where auto's wrappers ran in C (``metadata.auto_in_c``), the
-    calls of theirs that open a block are ``patched calls in C``, which :func:`own_share` weighs at
-    :data:`PATCHED_IN_C_WEIGHT`; where the blocks ran in C (``metadata.blocks_in_c``), those but the reads'
-    own rows are ``blocks in C`` and the steps ``steps in C``, weighed at :data:`BLOCK_IN_C_WEIGHT`; where the
+    calls of theirs that open a block and its loop around each batch (``AutoSteps``, built with them) are
+    ``patched calls in C``, which :func:`own_share` weighs at :data:`PATCHED_IN_C_WEIGHT`; where the blocks ran
+    in C (``metadata.blocks_in_c``), those but the reads' own rows are ``blocks in C``, the steps ``steps in
+    C`` and the counts ``count() calls in C`` (built with them), weighed at :data:`BLOCK_IN_C_WEIGHT`; where the
     single-process reads and collate ran in C too (``metadata.reads_in_c``), the reads' rows are ``blocks in C``
     and ``watch()``'s two wrappers ``patched calls in C`` (but that of a dataset reading its own batches, in
     Python)."""
@@ -203,6 +208,7 @@ def operations(summary: Summary) -> dict[str, int]:
         "patched calls in C",
         "worker reports",
         "count() calls",
+        "count() calls in C",
     )
     counts = dict.fromkeys(kinds, 0)
     auto = summary.metadata.get("auto") is not None
@@ -211,9 +217,10 @@ def operations(summary: Summary) -> dict[str, int]:
     reads_in_c = compiled and summary.metadata.get("reads_in_c") is True
     in_python = () if reads_in_c else PYTHON_ROWS
     pipeline = "patched calls in C" if reads_in_c else "patched calls"
+    loop = "patched calls in C" if wrappers == "patched calls in C" else "patched calls"  # (AutoSteps: C's too)
     for phase in summary.phases.values():
         counts["steps in C" if compiled else "steps"] += phase.steps
-        counts["count() calls"] += phase.count_calls
+        counts["count() calls in C" if compiled else "count() calls"] += phase.count_calls
         from_workers = False
         for path, stage in phase.stages.items():
             parent, _, name = path.rpartition("/")
@@ -234,7 +241,7 @@ def operations(summary: Summary) -> dict[str, int]:
                 counts[wrapper] += min(stage.calls, phase.stages[parent].calls)
         batches = sum(phase.stages[row].calls for row in LOADER_ROWS if row in phase.stages)
         if auto:  # auto's loop around watch(): each batch passes through it
-            counts["patched calls"] += batches
+            counts[loop] += batches
         if from_workers:
             counts["worker reports"] += batches
     return counts
@@ -251,7 +258,7 @@ def own_share(summary: Summary, counts: dict[str, int] | None = None) -> float |
     weighed = (
         sum(counts.values())
         - (1 - PATCHED_IN_C_WEIGHT) * counts.get("patched calls in C", 0)
-        - (1 - BLOCK_IN_C_WEIGHT) * (counts.get("blocks in C", 0) + counts.get("steps in C", 0))
+        - (1 - BLOCK_IN_C_WEIGHT) * sum(counts.get(kind, 0) for kind in IN_C_AT_A_BLOCK)
     )
     return weighed * cost / measured
 
@@ -266,7 +273,7 @@ def own_cost(summary: Summary) -> str | None:
     weights = [
         f"a {one} at {weight:.0%} of that"
         for weighed, one, weight in (
-            (counts["blocks in C"] + counts["steps in C"], "block or step in C", BLOCK_IN_C_WEIGHT),
+            (sum(counts[kind] for kind in IN_C_AT_A_BLOCK), "block, step or count in C", BLOCK_IN_C_WEIGHT),
             (counts["patched calls in C"], "patched call in C", PATCHED_IN_C_WEIGHT),
         )
         if weighed
