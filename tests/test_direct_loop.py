@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader
 
 from stepwatch import Stopwatch, _loops
 
@@ -108,6 +109,34 @@ def test_a_loop_iterated_from_inside_its_own_fetch_is_refused_as_a_running_gener
     loop = sw.timed_iter(data())
     assert list(loop) == list(range(30))  # at every step: the generator's own, the first steady one and the rest
     assert errors == ["generator already executing"] * 29 and at_root(sw)
+
+
+def test_a_loop_iterated_from_inside_its_own_sample_count_is_refused_as_a_running_generator() -> None:
+    """``watch()`` counts each batch's samples with its step open (a batch's ``shape``, where the collate is the
+    program's): a batch whose ``shape`` iterates the same loop is refused at every step, the first steady one
+    included (the generator drives that one, and the loop's ``DirectLoop`` is not running), and takes no item."""
+    sw = warmed()
+    loop: Any = None
+    refused = []
+
+    class Batch:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        @property
+        def shape(self) -> tuple[int]:
+            if loop is not None:
+                try:
+                    next(loop)
+                except ValueError as error:
+                    refused.append(str(error))
+            return (4,)
+
+    data = DataLoader(list(range(30)), batch_size=1, collate_fn=lambda indices: Batch(indices[0]))
+    loop = iter(sw.watch(data))
+    assert [batch.index for batch in loop] == list(range(30))  # none taken by the nested next()
+    assert refused == ["generator already executing"] * 29 and at_root(sw)
+    assert sw.summary().phases["train"].counters["samples"] == 4 * 29  # each batch counted once (not the first)
 
 
 def test_without_the_compiled_loop_the_generator_is_the_iterator(monkeypatch: pytest.MonkeyPatch) -> None:

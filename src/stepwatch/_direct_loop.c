@@ -53,6 +53,10 @@ direct_next(DirectLoopObject *self)
     PyObject *delegate = self->delegate;
     PyObject *steps = PyList_GET_SIZE(delegate) == 1 ? PyList_GET_ITEM(delegate, 0) : NULL;
     if (steps != NULL && Py_TYPE(steps) == &SteadyLoopType) { /* (one stopped returns NULL at once, no exception) */
+        if (UNLIKELY(((SteadyLoopObject *)steps)->busy)) { /* a step the generator drives, from its own count */
+            PyErr_SetString(PyExc_ValueError, "generator already executing");
+            return NULL;
+        }
         Py_INCREF(steps); /* (the fetch can run anything, the generator's delegate replaced with it) */
         self->running = 1;
         PyObject *item = steady_next((SteadyLoopObject *)steps);

@@ -26,6 +26,7 @@ typedef struct {
     PyObject *uniform, *size_of, *count_fallback; /* watch()'s count of each batch's samples; size_of NULL: none */
     Py_ssize_t index, full;
     int outcome;
+    int busy; /* in a step's boundary: a next() from the code it runs (the fetch, the count) is refused */
 } SteadyLoopObject;
 
 /* watch()'s count of the samples of the batch just fetched, its step open (``_batch_size.CountSamples``): the loader's
@@ -54,11 +55,8 @@ steady_count(SteadyLoopObject *self, PyObject *item)
 }
 
 static PyObject *
-steady_next(SteadyLoopObject *self)
+steady_step(SteadyLoopObject *self)
 {
-    if (self->outcome != STEADY_RUNNING || self->body_frame == NULL) {
-        return NULL;
-    }
     PyObject *opened = swap(self->stacks, self->local, self->stack, self->body_frame, self->body_node,
                             self->wait_node, self->phase, self->clock, 1, 0);
     if (opened == NULL) {
@@ -104,6 +102,25 @@ steady_next(SteadyLoopObject *self)
         Py_DECREF(item); /* (the step stays open, as after any exception in a step: the generator closes it) */
         return NULL;
     }
+    return item;
+}
+
+/* The next item (NULL without an exception: stopped). A next() from the code a step's boundary runs (a batch whose
+ * size computation or whose fetch iterates the same loop) is refused as a running generator's, whichever of the
+ * generator and the DirectLoop in front of it drives this step. */
+static PyObject *
+steady_next(SteadyLoopObject *self)
+{
+    if (UNLIKELY(self->busy)) {
+        PyErr_SetString(PyExc_ValueError, "generator already executing");
+        return NULL;
+    }
+    if (self->outcome != STEADY_RUNNING || self->body_frame == NULL) {
+        return NULL;
+    }
+    self->busy = 1;
+    PyObject *item = steady_step(self);
+    self->busy = 0;
     return item;
 }
 
