@@ -21,6 +21,7 @@ from ._device import _Loop
 from ._job import seen_by
 from ._loop_frames import close_frame, end_of_data, end_step, exclude_from_enclosing, trace_step
 from ._loop_sites import LoopSite, check_enclosing
+from ._periodic import steps_before_due
 from ._tree import DROPPED, LOOP, Frame, pop_frame
 
 if TYPE_CHECKING:
@@ -138,12 +139,19 @@ def iterate(
         item: Any = None
         while True:
             fetched = False  # an item the steady steps fetched without opening its step: the general path opens it
-            if steady and body_frame is not None and body_frame[1] is body_node and not every and index >= warmup:
-                # the steady state of most loops: the steps run in C (``_steady.c``) until it no longer holds
+            if (
+                steady
+                and body_frame is not None
+                and body_frame[1] is body_node
+                and index >= warmup
+                and (not every or (until_due := steps_before_due(every, periodic.ticks)) != 0)
+            ):  # the steady state of most loops: the steps run in C (``_steady.c``) until it no longer holds, or
+                # until a periodic call is due
                 sizes = None if counting is None else counting.steady()  # (the batches' samples counted with)
                 steps = SteadyLoop(
-                    stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index, sizes
-                )
+                    stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index,
+                    sizes, until_due if every else -1,
+                )  # fmt: skip
                 if delegate is not None:
                     delegate[0] = steps
                 try:
@@ -161,7 +169,7 @@ def iterate(
                 if (
                     fast
                     and not steady  # (compiled: SteadyLoop tried this very swap above, or it cannot hold)
-                    and not every
+                    and (not every or steps_before_due(every, periodic.ticks) != 0)
                     and index >= warmup
                     and (
                         opened := swap_frame(

@@ -19,6 +19,17 @@ Every = tuple[tuple[int, Callable[[int], None]], ...]
 """(n, called with the training step's number every n training steps)."""
 
 
+def steps_before_due(every: Every, ticks: int) -> int:
+    """How many training steps may end, ``ticks`` counted so far, before the one at whose end a call of ``every``
+    is due: the loop's steady steps (in C or on its fast path) run that many, then leave the due one to the
+    general path, whose tick calls it (-1: none is due, ever). A ``log_every(100, ...)`` costs the steps between
+    its calls nothing."""
+    if not every:
+        return -1
+    step = ticks + 1  # the number the next step's end is counted as
+    return min(-step % n for n, _ in every)
+
+
 class PeriodicCalls:
     """What runs every N training steps, owned for one :class:`~stepwatch.Stopwatch`: the calls registered
     (``log_every``, loggers' writers, ``gather_every``), the training steps seen, and whether the calls due

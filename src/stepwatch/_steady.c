@@ -2,8 +2,8 @@
  * calls; where this was not built, ``_loops.iterate`` keeps its own loop, each half of a step's boundary one
  * ``swap_frame`` call).
  *
- * ``SteadyLoop(stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index)``
- * takes over a loop's steps once they are steady: the generator delegates to it (``yield from``) with its step
+ * ``SteadyLoop(stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index,
+ * counting=None, boundaries=-1)`` takes over a loop's steps once they are steady: the generator delegates to it (``yield from``) with its step
  * open, and each next() then does what the generator's loop does in that case: the step closed and the wait
  * opened (``swap``), the training step counted on ``ticker`` (``ticker.ticks += 1``; None: not counted), the next
  * item fetched, the wait closed and the step opened and counted (``swap`` again), the item returned. In the
@@ -11,7 +11,8 @@
  * ~2x an enabled block).
  *
  * It stops (ends the delegation) where the steady state does not hold, having changed nothing the generator does
- * not see: before the step's end (a boundary that is not steady: nothing done, the step still open), after a
+ * not see: before the step's end (a boundary that is not steady, or the ``boundaries``-th from now, at which a
+ * periodic call is due, such as ``log_every``'s: nothing done, the step still open), after a
  * fetch whose step could not be opened (the item and the open wait handed back), or at the end of the data (the
  * wait still open, for the generator to close as no wait). An exception from the fetch propagates with the wait
  * open. ``state()`` gives the generator what it holds: ``(wait_frame, body_frame, index, outcome, item)``.
@@ -25,6 +26,7 @@ typedef struct {
     PyObject *wait_frame, *body_frame, *item; /* NULL: none */
     PyObject *uniform, *size_of, *count_fallback; /* watch()'s count of each batch's samples; size_of NULL: none */
     Py_ssize_t index, full;
+    Py_ssize_t boundaries; /* the step boundaries it may run before one at which a periodic call is due; -1: any */
     int outcome;
     int busy; /* in a step's boundary: a next() from the code it runs (the fetch, the count) is refused */
 } SteadyLoopObject;
@@ -57,6 +59,13 @@ steady_count(SteadyLoopObject *self, PyObject *item)
 static PyObject *
 steady_step(SteadyLoopObject *self)
 {
+    if (self->boundaries >= 0) {
+        if (self->boundaries == 0) { /* a periodic call is due at this step's end: the generator's tick calls it */
+            self->outcome = STEADY_STEP_END;
+            return NULL;
+        }
+        self->boundaries--;
+    }
     PyObject *opened = swap(self->stacks, self->local, self->stack, self->body_frame, self->body_node,
                             self->wait_node, self->phase, self->clock, 1, 0);
     if (opened == NULL) {
@@ -142,12 +151,13 @@ steady_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *stacks, *local, *stack, *body_frame, *body_node, *wait_node, *phase, *clock, *iterator, *ticker;
     PyObject *counting = Py_None, *uniform = Py_None, *size_of = NULL, *count_fallback = NULL;
-    Py_ssize_t index, full = 0;
+    Py_ssize_t index, full = 0, boundaries = -1;
     if (keywords_refused("SteadyLoop", kwargs)) {
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOO!OOOOOOOn|O:SteadyLoop", &stacks, &local, &PyList_Type, &stack, &body_frame,
-                          &body_node, &wait_node, &phase, &clock, &iterator, &ticker, &index, &counting)) {
+    if (!PyArg_ParseTuple(args, "OOO!OOOOOOOn|On:SteadyLoop", &stacks, &local, &PyList_Type, &stack, &body_frame,
+                          &body_node, &wait_node, &phase, &clock, &iterator, &ticker, &index, &counting,
+                          &boundaries)) {
         return NULL;
     }
     if (counting != Py_None && !PyArg_ParseTuple(counting, "OnOO:SteadyLoop counting (uniform, full, size_of, "
@@ -178,6 +188,7 @@ steady_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     self->index = index;
     self->full = full;
+    self->boundaries = boundaries < 0 ? -1 : boundaries;
     self->uniform = uniform != Py_None ? Py_NewRef(uniform) : NULL;
     self->size_of = Py_XNewRef(size_of);
     self->count_fallback = Py_XNewRef(count_fallback);
