@@ -3,7 +3,9 @@
 The training loop's timed iterator calls :meth:`PeriodicCalls.tick` between two steps of the main phase, so that what a
 callback does is in neither step nor in the loop's time. The callbacks are read when a loop starts: one
 registered during a loop applies from the next one; one removed (stepwatch's own cost, measured on its first
-steps, a callback stopped or failed) is not called again, and once a loop has none left it stops ticking.
+steps, a callback stopped or failed) is not called again, and once a loop has none left it stops ticking. Between
+two calls the loop's steps stay on its steady path (:func:`steps_before_due`): only the step at whose end a call
+is due ticks.
 """
 
 from __future__ import annotations
@@ -45,9 +47,12 @@ class PeriodicCalls:
         self.ticking = False
         self.resumed_ns = 0  # when the loop resumed after the step that ended (perf_counter_ns), for the calls due
 
-    def add(self, n: int, call: Callable[[int], None], name: str, parameter: str = "n") -> Callable[[], None]:
+    def add(
+        self, n: int, call: Callable[[int], None], name: str, parameter: str = "n", first: bool = False
+    ) -> Callable[[], None]:
         """Registers ``call`` every ``n`` training steps and returns what removes it; ``parameter``: what the
-        caller calls ``n``, for errors. A call that raises is reported once and removed."""
+        caller calls ``n``, for errors; ``first``: called before the others due at a step (stepwatch's own cost,
+        which times the step boundary up to its call). A call that raises is reported once and removed."""
         check_steps(n, parameter, optional=False)
         if n < 1:
             raise ValueError(f"{parameter} must be a positive number of steps, got {n!r}")
@@ -61,7 +66,7 @@ class PeriodicCalls:
             self.every = tuple(item for item in self.every if item is not entry)
             self.removals += 1
 
-        self.every = (*self.every, entry)
+        self.every = (entry, *self.every) if first else (*self.every, entry)
         return remove
 
     def tick(self, every: Every, resumed_ns: int) -> Every:
