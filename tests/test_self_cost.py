@@ -17,11 +17,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stepwatch
-from stepwatch import Stopwatch, Summary, _block_base, _self_cost
+from stepwatch import Stopwatch, Summary, _block_base
 from stepwatch._self_cost import (
     BLOCK_IN_C_WEIGHT,
     IN_SITU,
-    RESAMPLE_EVERY,
     _calibrate,
     block_ns,
     blocks_timed,
@@ -91,39 +90,6 @@ def test_the_cost_of_an_operation_is_the_step_boundary_measured_in_place() -> No
     assert not in_situ.samples and in_situ._private is None
     assert all(0 < sample < MS for sample in in_situ.boundaries)
     assert in_situ.value == statistics.median(in_situ.boundaries) == sw.summary().metadata["block_ns"]
-
-
-def test_the_cost_of_an_operation_is_sampled_again_through_the_run() -> None:
-    """After the first 24, one more sample every RESAMPLE_EVERY training steps (a machine that gets busier or
-    calmer during the run is followed), counted across the loops of a run; the figure is the median of all."""
-    sw = Stopwatch()
-    sw.enable()
-    for _ in sw.timed_iter(range(150)):
-        pass
-    for _ in sw.timed_iter(range(150)):  # a second loop: the training steps go on counting
-        pass
-    in_situ = sw.in_situ
-    assert in_situ is not None
-    resampled = [step for step in range(1, sw.periodic.ticks + 1) if step % RESAMPLE_EVERY == 0]
-    assert len(resampled) == 4  # (298 training steps)
-    assert len(in_situ.boundaries) == IN_SITU + len(resampled)
-    assert in_situ.value == statistics.median(in_situ.boundaries) == sw.summary().metadata["block_ns"]
-
-
-def test_the_samples_kept_are_bounded_and_cover_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past KEEP samples every other one goes and the interval doubles: a long run keeps a bounded, even cover."""
-    monkeypatch.setattr(_self_cost, "RESAMPLE_EVERY", 2)
-    monkeypatch.setattr(_self_cost, "KEEP", 40)
-    sw = Stopwatch()
-    sw.enable()
-    kept = []
-    for _ in sw.timed_iter(range(600)):
-        assert sw.in_situ is not None
-        kept.append(len(sw.in_situ.boundaries))
-    assert sw.in_situ is not None
-    assert max(kept) == 39 and kept[-1] >= 20  # thinned to 20 as the 40th came, grown back
-    # every 2 steps from step 26: the 40th at step 58, then every 4: at 138, every 8: at 298, then every 16
-    assert sw.in_situ.every == 16 and kept.count(20) >= 3
 
 
 def busy_wait(seconds: float) -> None:

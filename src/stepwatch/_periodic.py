@@ -47,12 +47,9 @@ class PeriodicCalls:
         self.ticking = False
         self.resumed_ns = 0  # when the loop resumed after the step that ended (perf_counter_ns), for the calls due
 
-    def add(
-        self, n: int, call: Callable[[int], None], name: str, parameter: str = "n", first: bool = False
-    ) -> Callable[[], None]:
+    def add(self, n: int, call: Callable[[int], None], name: str, parameter: str = "n") -> Callable[[], None]:
         """Registers ``call`` every ``n`` training steps and returns what removes it; ``parameter``: what the
-        caller calls ``n``, for errors; ``first``: called before the others due at a step (stepwatch's own cost,
-        which times the step boundary up to its call). A call that raises is reported once and removed."""
+        caller calls ``n``, for errors. A call that raises is reported once and removed."""
         check_steps(n, parameter, optional=False)
         if n < 1:
             raise ValueError(f"{parameter} must be a positive number of steps, got {n!r}")
@@ -66,7 +63,7 @@ class PeriodicCalls:
             self.every = tuple(item for item in self.every if item is not entry)
             self.removals += 1
 
-        self.every = (entry, *self.every) if first else (*self.every, entry)
+        self.every = (*self.every, entry)
         return remove
 
     def tick(self, every: Every, resumed_ns: int) -> Every:

@@ -66,13 +66,6 @@ PYTHON_ROWS = ("dataset",)
 IN_SITU = 24
 """Blocks timed between the training's own steps (one a step, from the third) for the in-situ cost."""
 
-RESAMPLE_EVERY = 64
-"""Once the first :data:`IN_SITU` are taken, one more every this many training steps (their step boundary on the
-general path, the steps between on the steady one): the figure follows the machine through the run."""
-
-KEEP = 1024
-"""The samples kept: past it every other one is let go and the interval doubles (an even cover of the run)."""
-
 
 def block_ns() -> float | None:
     """What one timed block costs in this process, in nanoseconds (None before :func:`calibrate` ran)."""
@@ -85,11 +78,9 @@ def calibrating() -> bool:
 
 
 class InSitu:
-    """The cost of an operation where the training's operations run, on :data:`IN_SITU` steps from the third and
-    then one every :data:`RESAMPLE_EVERY` (so that a machine that gets busier or calmer during the run is followed,
-    the steps between left on the loop's steady path): what stepwatch's own step boundary took in place
-    (``boundaries``: from the loop resuming after the program's step, its caches left as the program's work left
-    them, to the boundary's work done). A stopwatch on a clock
+    """The cost of an operation where the training's operations run, on :data:`IN_SITU` steps from the third:
+    what stepwatch's own step boundary took in place (``boundaries``: from the loop resuming after the program's
+    step, its caches left as the program's work left them, to the boundary's work done). A stopwatch on a clock
     of its own has no boundary measured on the real one: there, one block of a private stopwatch is timed
     between two steps instead (``samples``; where stepwatch's own code has just run, warmer, it reads about half
     as much). Their median replaces the calibrated figure once there are five."""
@@ -100,35 +91,19 @@ class InSitu:
         self._sw = sw
         self._make = make
         self._private: Stopwatch | None = None
-        self.every = RESAMPLE_EVERY  # between two samples after the first IN_SITU: doubles as KEEP is reached
-        self.resampling = False  # the first IN_SITU taken
-        periodic = sw.periodic  # (both read by a loop as it starts: this one's first steps are measured too)
-        self.remove_first = periodic.add(1, self.first_steps, "stepwatch's own cost", first=True)
-        self.remove = periodic.add(RESAMPLE_EVERY, self.resample, "stepwatch's own cost, again", first=True)
+        self.remove = sw.periodic.add(1, self.tick, "stepwatch's own cost")
 
-    def first_steps(self, step: int) -> None:
-        """One sample a step from the third, until there are :data:`IN_SITU`."""
-        if step >= 3 and self._take() >= IN_SITU:  # (the first steps warm up what they run)
-            self.remove_first()
-            self.resampling = True
-
-    def resample(self, step: int) -> None:
-        """One sample every :attr:`every` steps once the first are taken, at most :data:`KEEP` kept."""
-        if step % self.every or not self.resampling:
-            return
-        if self._take() >= KEEP:
-            for taken in (self.boundaries, self.samples):
-                del taken[1::2]
-            self.every *= 2
-
-    def _take(self) -> int:
-        """Takes one sample; returns how many there are."""
+    def tick(self, step: int) -> None:
         arrived = time.perf_counter_ns()
-        if self._sw.clock is time.perf_counter_ns:
-            self.boundaries.append(arrived - self._sw.periodic.resumed_ns)
-            return len(self.boundaries)
-        self.samples.append(self._block_between_steps())
-        return len(self.samples)
+        taken = self.boundaries if self._sw.clock is time.perf_counter_ns else self.samples
+        if step < 3 or len(taken) >= IN_SITU:
+            return  # the first steps warm up what they run
+        if taken is self.boundaries:
+            taken.append(arrived - self._sw.periodic.resumed_ns)
+        else:
+            taken.append(self._block_between_steps())
+        if len(taken) >= IN_SITU:
+            self.remove()
 
     def _block_between_steps(self) -> int:
         global _calibrating
