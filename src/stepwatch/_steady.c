@@ -3,10 +3,11 @@
  * ``swap_frame`` call).
  *
  * ``SteadyLoop(stacks, local, stack, body_frame, body_node, wait_node, phase, clock, iterator, ticker, index,
- * counting=None, boundaries=-1)`` takes over a loop's steps once they are steady: the generator delegates to it (``yield from``) with its step
- * open, and each next() then does what the generator's loop does in that case: the step closed and the wait
- * opened (``swap``), the training step counted on ``ticker`` (``ticker.ticks += 1``; None: not counted), the next
- * item fetched, the wait closed and the step opened and counted (``swap`` again), the item returned. In the
+ * counting=None, boundaries=-1)`` takes over a loop's steps once they are steady: the generator delegates to it
+ * (``yield from``) with its step open, and each next() then does what the generator's loop does in that case:
+ * the step closed and the wait opened (``swap``), the training step counted on ``ticker`` (``ticker.ticks +=
+ * 1``; None: not counted), the next item fetched, the wait closed and the step opened and counted (``swap``
+ * again), the item returned. In the
  * generator that was two calls and about 60 bytecode instructions a step (a ``timed_iter`` item in a tight loop
  * ~2x an enabled block).
  *
