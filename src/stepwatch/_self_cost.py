@@ -217,7 +217,6 @@ def operations(summary: Summary) -> dict[str, int]:
     reads_in_c = compiled and summary.metadata.get("reads_in_c") is True
     in_python = () if reads_in_c else PYTHON_ROWS
     pipeline = "patched calls in C" if reads_in_c else "patched calls"
-    loop = "patched calls in C" if wrappers == "patched calls in C" else "patched calls"  # (AutoSteps: C's too)
     for phase in summary.phases.values():
         counts["steps in C" if compiled else "steps"] += phase.steps
         counts["count() calls in C" if compiled else "count() calls"] += phase.count_calls
@@ -240,8 +239,8 @@ def operations(summary: Summary) -> dict[str, int]:
                 wrapper = "patched calls" if name == "dataset_batch" else pipeline  # (its own reads: Python's)
                 counts[wrapper] += min(stage.calls, phase.stages[parent].calls)
         batches = sum(phase.stages[row].calls for row in LOADER_ROWS if row in phase.stages)
-        if auto:  # auto's loop around watch(): each batch passes through it
-            counts[loop] += batches
+        if auto:  # auto's loop around watch(): each batch passes through it (AutoSteps: built with its wrappers)
+            counts[wrappers] += batches
         if from_workers:
             counts["worker reports"] += batches
     return counts
