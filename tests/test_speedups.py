@@ -157,7 +157,8 @@ def test_clock_readings_of_every_size_give_the_durations_python_gives() -> None:
     program = (
         "import stepwatch\n"
         "pairs = [(0, 256), (1, 258), (5, 5), (2**30 - 1, 2**31 - 1), (2**30, 2**30 + 7), (2**60 - 5, 2**60 + 5),\n"
-        "         (2**60 - 1, 2**61), (2**62, 2**63 - 1), (-(2**40), -(2**40) + 1000), (-5, 5), (10, 2**59)]\n"
+        "         (2**60 - 1, 2**61), (2**62, 2**63 - 1), (-(2**40), -(2**40) + 1000), (-5, 5), (10, 2**59),\n"
+        "         (0, 2**30), (1, 2**30), (0, 2**60 - 1), (0, 2**60), (2**60 - 1, 2**60 - 1), (-1, 300)]\n"
         "readings = []\n"
         "sw = stepwatch.Stopwatch(clock=lambda: readings.pop(0) if readings else 0)\n"
         "sw.enable()\n"
@@ -397,6 +398,44 @@ def test_the_compiled_step_boundary_reads_the_default_clock_itself() -> None:
     assert before <= opened[2] <= after
     assert body.buf == [opened[2] - start]
     assert phase.loop_ns == opened[2] - start and phase.steps == 1
+
+
+def test_blocks_found_by_name_and_by_parent_record_what_the_python_ones_do() -> None:
+    """The C paths find a block by its stage name (``timed``) and its node among its parent's children: the same
+    block under two parents in turn, stage names built anew at each call, siblings added between two entries, a
+    hundred and fifty names under one parent, and stopwatches made and freed (new dictionaries where the old ones
+    were) record what the Python twin records."""
+    program = (
+        "import stepwatch\n"
+        "sw = stepwatch.Stopwatch()\n"
+        "sw.enable()\n"
+        "for i in sw.timed_iter(range(40)):\n"
+        "    for parent in ('a', 'b'):\n"
+        "        with sw.timed(parent):\n"
+        "            with sw.timed(''.join(['for', 'ward'])):\n"
+        "                pass\n"
+        "            with sw.timed(f'new{i % 7}'):\n"
+        "                pass\n"
+        "    with sw.timed('many'):\n"
+        "        for k in range(150):\n"
+        "            with sw.timed(f's{k}'):\n"
+        "                pass\n"
+        "s = sw.summary()\n"
+        "calls = {p: st.calls for p, st in s.phases['train'].stages.items() if not p.endswith('other')}\n"
+        "print(sorted(calls.items()))\n"
+        "for run in range(20):\n"  # stopwatches made and freed: new dictionaries where the old ones were
+        "    sw = stepwatch.Stopwatch()\n"
+        "    sw.enable()\n"
+        "    for i in sw.timed_iter(range(3 + run)):\n"
+        "        with sw.timed('a'):\n"
+        "            with sw.timed('forward'):\n"
+        "                pass\n"
+        "    print(sw.summary().phases['train'].stages['step/a/forward'].calls, end=' ')\n"
+    )
+    here = compiled_and_pure_output(program)
+    assert here.endswith(" ".join(str(2 + run) for run in range(20)) + " ")
+    assert "('step/a/forward', 39)" in here and "('step/b/forward', 39)" in here  # (the first step apart)
+    assert "('step/a/new6', 5)" in here and "('step/many/s149', 39)" in here
 
 
 def test_the_compiled_timed_lookup_gives_what_the_method_gives() -> None:

@@ -178,8 +178,8 @@ slot_increment(PyObject *obj, Slot slot)
     return failed ? -1 : 0;
 }
 
-/* ``slot``'s offset on ``type``: >= 0, or -1 with an exception if it is not a writable object slot there (at an
- * offset that fits ``hot_state.offsets``). */
+/* ``slot``'s offset on ``type``: >= 0, or -1 with an exception if it is not a writable object slot there, its own
+ * or a base's (at an offset that fits ``hot_state.offsets``). */
 static Py_ssize_t
 find_slot(PyTypeObject *type, Slot slot)
 {
@@ -189,7 +189,7 @@ find_slot(PyTypeObject *type, Slot slot)
     }
     Py_ssize_t offset = -1;
     if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
-        ((PyMemberDescrObject *)descriptor)->d_common.d_type == type &&
+        PyType_IsSubtype(type, ((PyMemberDescrObject *)descriptor)->d_common.d_type) && /* (or a base's) */
         ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX &&
         ((PyMemberDescrObject *)descriptor)->d_member->offset <= UCHAR_MAX) {
         offset = ((PyMemberDescrObject *)descriptor)->d_member->offset;
