@@ -122,7 +122,7 @@ class Results:
     def metrics(self, prefix: str = "stepwatch") -> dict[str, float]:
         """The current figures as a flat dict for any logger: ``{"stepwatch/train/time_per_step_ms": ...,
         "stepwatch/train/input_share": ..., "stepwatch/train/samples_per_s": ..., ...}`` (see
-        ``_metrics.flat_metrics`` for every key). It takes a summary: about a millisecond, and on a device one
+        ``_metrics.flat_metrics`` for every key). It takes a summary: about 0.1 ms, and on a device one
         synchronize, so call it every N steps (``log_every``), not every step."""
         from ._metrics import flat_metrics
 
