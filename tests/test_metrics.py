@@ -65,7 +65,7 @@ def test_metrics_keys_and_values(clock: FakeClock) -> None:
 
 def test_metrics_reads_the_packages_versions_once_a_process(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """A summary names the stepwatch and torch versions that run; reading a package's metadata (an email-format
-    file parsed: ~0.6 ms each) at every ``metrics()`` was nine tenths of its cost. Read once, the same values."""
+    file parsed: ~0.5 ms each) at every ``metrics()`` was nine tenths of its cost. Read once, the same values."""
     from stepwatch import _run_file
 
     sw = stepwatch.Stopwatch(clock=clock)

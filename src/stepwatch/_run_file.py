@@ -42,7 +42,7 @@ class FormatError(ValueError):
 @functools.cache
 def package_version(name: str) -> str | None:
     """Installed version of a distribution, without importing it; read once a process (the version of what runs:
-    parsing a package's metadata took ~0.6 ms, twice in every summary, ``metrics()``'s cost)."""
+    parsing a package's metadata took ~0.5 ms, twice in every summary, ``metrics()``'s cost)."""
     try:
         return importlib_metadata.version(name)
     except importlib_metadata.PackageNotFoundError:
