@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from scaling import WARM_STEPS, run_with_collector, standard_error  # this script's folder, first on sys.path
+from scaling import WARM_STEPS, resolved, run_with_collector, standard_error  # this script's folder, first on sys.path
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -274,14 +274,14 @@ def span_figures(
 
 def verdict(value: float, limit: float, error: float) -> dict[str, Any]:
     """A target's figure against its limit, with the figure's standard error: ``met`` is the figure under the
-    limit, as it always was; ``resolved`` says whether the two are more than two standard errors apart (if not,
-    another run of the same code may well give the other verdict)."""
+    limit, as it always was; ``resolved`` whether the two are more than two standard errors apart
+    (``scaling.resolved``)."""
     return {
         "value": value,
         "limit": limit,
         "met": value < limit,
         "standard_error": error,
-        "resolved": abs(value - limit) > 2 * error,
+        "resolved": resolved(value, limit, error),
     }
 
 

@@ -245,6 +245,8 @@ def training_step_cost(steps: int, repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
+    from scaling import resolved  # this script's folder, first on sys.path
+
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=200_000, help="iterations per timer per repeat")
     parser.add_argument("--repeats", type=int, default=15)
@@ -319,8 +321,8 @@ def main() -> None:
             targets[f"enabled <= 1/3 of {peer}"] = {"value": enabled / ns[peer], "limit": 1 / 3}
     for target in targets.values():
         target["met"] = target["value"] <= target["limit"]
-        if "standard_error" in target:  # more than two standard errors from the limit: another run agrees
-            target["resolved"] = abs(target["value"] - target["limit"]) > 2 * target["standard_error"]
+        if "standard_error" in target:
+            target["resolved"] = resolved(target["value"], target["limit"], target["standard_error"])
 
     result = {
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},

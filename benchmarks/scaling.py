@@ -109,6 +109,12 @@ def standard_error(differences: list[float], resamples: int = 2000) -> float:
     return statistics.stdev(medians)
 
 
+def resolved(value: float, limit: float, error: float) -> bool:
+    """Whether a figure and its limit are more than two standard errors apart: if not, another run of the same code
+    may well give the other verdict (``auto.py``'s and ``overhead.py``'s targets)."""
+    return abs(value - limit) > 2 * error
+
+
 def run_with_collector(run: Callable[[], Result], collector: str) -> Result:
     """One run, the garbage collector as the loop has it (``"on"``) or ``"paused"``: everything collected before
     the run and the collector disabled during it, so that no collection falls inside it. Where a run's
