@@ -438,6 +438,28 @@ def test_blocks_found_by_name_and_by_parent_record_what_the_python_ones_do() -> 
     assert "('step/a/new6', 5)" in here and "('step/many/s149', 39)" in here
 
 
+@pytest.mark.skipif(sys.implementation.name != "cpython", reason="an object's layout in memory is CPython's")
+def test_the_slots_a_block_reads_lie_first_in_the_thread_stacks_object() -> None:
+    """The four slots a block reads on its way in and out (``HotFlags``) lie right after the object's header, in
+    the header's cache line, not sorted among ThreadStacks' other slots by name, 56 to 88 bytes in: read from
+    the object's memory, each slot's pointer is where the layout says (nothing in behaviour shows it)."""
+    import ctypes
+
+    from stepwatch._stacks import ThreadStacks
+
+    stacks = Stopwatch().stacks
+    assert type(stacks) is ThreadStacks
+    header = object.__basicsize__
+    pointer = ctypes.sizeof(ctypes.c_void_p)
+    hot_slots = ("hot", "local", "measuring", "timeline")  # named here: the layout is what is checked
+    for index, name in enumerate(hot_slots):
+        value = object()  # a value of its own: False in two of them would not tell them apart
+        setattr(stacks, name, value)
+        stored = ctypes.c_void_p.from_address(id(stacks) + header + index * pointer).value
+        assert stored == id(value), f"ThreadStacks.{name} is not slot {index} after the header"
+    assert header + len(hot_slots) * pointer <= 64  # within the header's cache line
+
+
 def test_the_compiled_timed_lookup_gives_what_the_method_gives() -> None:
     """``sw.timed`` in C (``_lookup.c``): a name used before is read from the blocks by name, anything else goes to
     ``Stopwatch.timed``: the same block, the same errors; lent another stopwatch's state, it reads that one's."""
