@@ -47,15 +47,13 @@ static PyObject *
 direct_next(DirectLoopObject *self)
 {
     if (UNLIKELY(self->running)) {
-        PyErr_SetString(PyExc_ValueError, "generator already executing");
-        return NULL;
+        return refuse_running();
     }
     PyObject *delegate = self->delegate;
     PyObject *steps = PyList_GET_SIZE(delegate) == 1 ? PyList_GET_ITEM(delegate, 0) : NULL;
     if (steps != NULL && Py_TYPE(steps) == &SteadyLoopType) { /* (one stopped returns NULL at once, no exception) */
         if (UNLIKELY(((SteadyLoopObject *)steps)->busy)) { /* a step the generator drives, from its own count */
-            PyErr_SetString(PyExc_ValueError, "generator already executing");
-            return NULL;
+            return refuse_running(); /* here, not thrown into the generator from steady_next: that would end it */
         }
         Py_INCREF(steps); /* (the fetch can run anything, the generator's delegate replaced with it) */
         self->running = 1;
@@ -79,8 +77,7 @@ static PyObject *
 direct_forward(DirectLoopObject *self, const char *name, PyObject *args)
 {
     if (self->running) {
-        PyErr_SetString(PyExc_ValueError, "generator already executing");
-        return NULL;
+        return refuse_running();
     }
     PyObject *method = PyObject_GetAttrString(self->generator, name);
     if (method == NULL) {

@@ -115,6 +115,16 @@ steady_step(SteadyLoopObject *self)
     return item;
 }
 
+/* A next() (or send, throw, close) from inside a step's boundary, refused as Python refuses a running generator's:
+ * NULL with the ValueError. The SteadyLoop and the DirectLoop in front of it both refuse this way, whichever
+ * drives the step (_direct_loop.c checks first: the error thrown into the generator would end it). */
+static COLD PyObject *
+refuse_running(void)
+{
+    PyErr_SetString(PyExc_ValueError, "generator already executing");
+    return NULL;
+}
+
 /* The next item (NULL without an exception: stopped). A next() from the code a step's boundary runs (a batch whose
  * size computation or whose fetch iterates the same loop) is refused as a running generator's, whichever of the
  * generator and the DirectLoop in front of it drives this step. */
@@ -122,8 +132,7 @@ static PyObject *
 steady_next(SteadyLoopObject *self)
 {
     if (UNLIKELY(self->busy)) {
-        PyErr_SetString(PyExc_ValueError, "generator already executing");
-        return NULL;
+        return refuse_running();
     }
     if (self->outcome != STEADY_RUNNING || self->body_frame == NULL) {
         return NULL;
