@@ -14,8 +14,10 @@ apart (no heap layout moves them); the rest are the interpreter's (the ``with`` 
 and torch's or the C library's, which a dump taken mid-run cannot tell apart (its open frames carry their calls'
 costs), and which move with where the allocator put things. The model is a Linear by default (4 module calls a
 step); ``--module-calls N`` gives it Linear and ReLU layers in turn, to count a larger model where the wall clock
-cannot resolve it, and ``--collector paused`` keeps Python's collections out of the count. Takes about five
-minutes on two cores; writes ``benchmarks/results/footprint.json`` (or ``--out``).
+cannot resolve it, and ``--collector paused`` keeps Python's collections out of the count. ``--functions N`` lists,
+for each way, the N functions whose misses a step differ most from the plain loop's, code and data apart (where
+a step's lines go; ``callgrind_dump.py`` reads the dumps). Takes about five minutes on two cores; writes
+``benchmarks/results/footprint.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ import gc
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from callgrind_dump import self_costs  # this script's folder, first on sys.path
 
 from stepwatch._self_cost import IN_SITU
 
@@ -172,41 +174,6 @@ def child(way: str, steps: int, module_calls: int, collector: str, phases: bool 
     loop(loader, mark)
 
 
-def misses_by_object(text: str) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """A callgrind dump's totals (``summary``) and its self costs summed per object file (the shared library or
-    executable each instruction belongs to): a call's line (after ``calls=``) is the callee's inclusive cost and
-    is left out. Object names are compressed (``ob=(2) path`` once, then ``ob=(2)``), in ``cob=`` lines too."""
-    events = re.search(r"^events:\s*(.+)$", text, re.M)
-    summary = re.search(r"^summary:\s*(.+)$", text, re.M)
-    if events is None or summary is None:
-        raise RuntimeError("callgrind's dump has no events or summary line")
-    names = events.group(1).split()
-    totals = dict(zip(names, [int(v) for v in summary.group(1).split()] + [0] * len(names), strict=False))
-    objects: dict[str, str] = {}
-    current = "?"
-    per_object: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(names, 0))
-    skip_next = False
-    for line in text.splitlines():
-        if line.startswith(("ob=", "cob=")):  # a name compressed to "(id)" may be defined in either
-            match = re.match(r"c?ob=\((\d+)\)(?: (.*))?", line)
-            name = line.split("=", 1)[1] if match is None else objects.get(match.group(1), "?")
-            if match is not None and match.group(2):
-                name = objects[match.group(1)] = match.group(2)
-            if line.startswith("ob="):
-                current = name
-        elif line.startswith("calls="):
-            skip_next = True
-        elif line[:1].isdigit() or line[:1] in "+-*":
-            if skip_next:
-                skip_next = False
-                continue
-            values = line.split()[1:]
-            costs = per_object[current]
-            for name, value in zip(names, values, strict=False):
-                costs[name] += int(value)
-    return totals, dict(per_object)
-
-
 def compiled(path: str) -> bool:
     """Whether an object file is stepwatch's compiled code (never on the stack at the marks: its self costs are
     exact in a dump taken mid-run)."""
@@ -215,8 +182,8 @@ def compiled(path: str) -> bool:
 
 def count(way: str, steps: int, module_calls: int, collector: str, phases: bool = False) -> dict[str, Any]:
     """Runs one way under callgrind with the cache simulated: its instructions and last-level misses a step,
-    and the misses and instructions a step in stepwatch's compiled code; with ``phases``, the instructions and
-    misses of each of :data:`PHASES` instead."""
+    the misses and instructions a step in stepwatch's compiled code, and each function's misses a step (code
+    and data); with ``phases``, the instructions and misses of each of :data:`PHASES` instead."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch, "out")
         command = [
@@ -239,9 +206,11 @@ def count(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         if result.returncode or not all(dump.exists() for dump in dumps):
             raise RuntimeError(f"valgrind failed or left a dump missing at the marks:\n{result.stderr[-2000:]}")
         if phases:
-            counts = [misses_by_object(dump.read_text())[0] for dump in dumps]
+            counts = [self_costs(dump.read_text())[0] for dump in dumps]
             return {"instructions": [c["Ir"] for c in counts], "misses": [sum(c[n] for n in MISSES) for c in counts]}
-        totals, per_object = misses_by_object(dumps[0].read_text())
+        text = dumps[0].read_text()
+        totals, per_object = self_costs(text)
+        per_function = self_costs(text, by="function")[1]
     in_compiled = [costs for path, costs in per_object.items() if compiled(path)]
     missed_in_compiled = sum(costs[name] for costs in in_compiled for name in MISSES)
     executed_in_compiled = sum(costs["Ir"] for costs in in_compiled)
@@ -251,7 +220,32 @@ def count(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         **{name: totals[name] / steps for name in MISSES},
         "in_compiled": missed_in_compiled / steps,
         "instructions_in_compiled": executed_in_compiled / steps,
+        "functions": {
+            name: (costs["ILmr"] / steps, (costs["DLmr"] + costs["DLmw"]) / steps)
+            for name, costs in per_function.items()
+        },
     }
+
+
+def added_by_function(way: dict[str, Any], plain: dict[str, Any], top: int) -> list[dict[str, Any]]:
+    """The ``top`` functions whose misses a step differ most between a way and the plain loop: lines of code and
+    of data each (self costs; a function the plain loop did not run counts whole). stepwatch's compiled
+    functions are exact; the interpreter's and the libraries' move with the heap's layout, by a few lines each
+    between two processes, and their sum by about 50 lines a step."""
+    rows = []
+    for name in way["functions"].keys() | plain["functions"].keys():
+        code, data = way["functions"].get(name, (0.0, 0.0))
+        plain_code, plain_data = plain["functions"].get(name, (0.0, 0.0))
+        code, data = code - plain_code, data - plain_data
+        rows.append(
+            {
+                "function": name,
+                "lines": round(code + data, 1),
+                "code_lines": round(code, 1),
+                "data_lines": round(data, 1),
+            }
+        )
+    return sorted(rows, key=lambda row: -abs(row["lines"]))[:top]
 
 
 def main() -> None:
@@ -275,6 +269,13 @@ def main() -> None:
         "--phases",
         action="store_true",
         help="count what a run pays once instead: switching on, each phase of its first steps (footprint_phases.json)",
+    )
+    parser.add_argument(
+        "--functions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also list, for each way, the N functions whose misses a step differ most from the plain loop's",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -310,6 +311,12 @@ def main() -> None:
             f"{way:8s} {row['added_lines_per_step']:12.0f} {row['lines_in_stepwatch_compiled_code']:12.0f}"
             f" {row['added_instructions_per_step']:13.0f} {row['instructions_in_stepwatch_compiled_code']:12.0f}"
         )
+    functions = {way: added_by_function(counted[way], plain, args.functions) for way in WAYS[1:]}
+    for way, rows in functions.items() if args.functions else ():
+        print(f"\n{way}: the {len(rows)} functions that add or save the most lines a step")
+        print(f"{'lines':>8s} {'code':>7s} {'data':>7s}  function")
+        for row in rows:
+            print(f"{row['lines']:8.1f} {row['code_lines']:7.1f} {row['data_lines']:7.1f}  {row['function'][:100]}")
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "last_level_cache": LAST_LEVEL,
@@ -320,6 +327,7 @@ def main() -> None:
         "warm_steps": WARM_STEPS,
         "plain": {"lines_per_step": plain["misses"], "instructions_per_step": plain["instructions"]},
         "added": table,
+        **({"functions": functions} if args.functions else {}),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,60 @@
+"""The reader of callgrind dumps behind ``benchmarks/footprint.py``'s counts (stepwatch's compiled code's lines
+a step, and each function's): self costs only, compressed names resolved wherever they first appear."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from callgrind_dump import self_costs  # a benchmark's helper, beside it
+
+DUMP = """# callgrind format
+version: 1
+positions: line
+events: Ir ILmr DLmr
+summary: 1000 30 40
+ob=(1) /usr/lib/libpython3.11.so
+fl=(1) ceval.c
+fn=(1) eval
+10 100 5 6
+cob=(2) /src/stepwatch/_speedups.cpython-311.so
+cfi=(2) ???
+cfn=(2) block_exit
+calls=3 0
++2 900 20 30
++1 7 1 0
+ob=(2)
+fl=(2)
+fn=(2)
+0 50 4 8
+fn=(3) block_enter
+0 20 2 1
+calls=1 0
+0 11 0 0
+ob=(1)
+fn=(1)
+* 3 0 1
+"""
+
+
+def test_self_costs_leave_out_the_calls_and_resolve_compressed_names() -> None:
+    totals, by_object = self_costs(DUMP)
+    assert totals == {"Ir": 1000, "ILmr": 30, "DLmr": 40}
+    assert by_object == {
+        "/usr/lib/libpython3.11.so": {"Ir": 110, "ILmr": 6, "DLmr": 7},  # 100 + 7 + 3: the call's 900 left out
+        "/src/stepwatch/_speedups.cpython-311.so": {"Ir": 70, "ILmr": 6, "DLmr": 9},  # (and block_enter's call)
+    }
+    _, by_function = self_costs(DUMP, by="function")
+    assert by_function == {
+        "libpython3.11.so:eval": {"Ir": 110, "ILmr": 6, "DLmr": 7},
+        "_speedups.cpython-311.so:block_exit": {"Ir": 50, "ILmr": 4, "DLmr": 8},  # named first as a callee
+        "_speedups.cpython-311.so:block_enter": {"Ir": 20, "ILmr": 2, "DLmr": 1},
+    }
+
+
+def test_a_dump_without_its_events_or_summary_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="no events or summary"):
+        self_costs("# callgrind format\nfn=(1) f\n0 1\n")
