@@ -93,9 +93,9 @@ def plan(
     confirmed, rounds = False, 0
     while True:
         pool = Tuning(original, best.setting, tuple(history))
-        fastest = min((pool.of(s) for s in dict.fromkeys(t.setting for t in history)), key=lambda t: t.per_step)
-        if rounds < CONFIRMATIONS and fastest.setting != best.setting and better(fastest, pool.of(best.setting)):
-            best = fastest  # pooled, faster than the choice beyond the noise: the one to confirm now
+        beating = _beating(pool, best.setting, history)
+        if rounds < CONFIRMATIONS and beating is not None:
+            best = beating  # pooled, faster than the choice beyond the noise: the one to confirm now
         elif confirmed:
             kept_workers = _persistent_variant(pool, best.setting, map_style)
             if kept_workers is None:
@@ -126,6 +126,19 @@ def _confirmed(pool: Tuning, chosen: Setting) -> Setting:
     original's beyond the noise."""
     original = pool.original
     return chosen if chosen == original or preferred(pool.of(chosen), pool.of(original)) else original
+
+
+def _beating(pool: Tuning, chosen: Setting, history: list[Trial]) -> Trial | None:
+    """The fastest of the settings whose runs, pooled, are faster than ``chosen``'s beyond the noise, or None. Not
+    merely the fastest setting: a lucky run read fast with a wide noise must not hide a steadier setting that
+    does beat the choice."""
+    choice = pool.of(chosen)
+    beating = [
+        trial
+        for trial in (pool.of(setting) for setting in dict.fromkeys(t.setting for t in history))
+        if trial.setting != chosen and better(trial, choice)
+    ]
+    return min(beating, key=lambda trial: trial.per_step, default=None)
 
 
 def _persistent_variant(pool: Tuning, best: Setting, map_style: bool) -> Setting | None:
