@@ -333,13 +333,14 @@ def test_workers_that_compute_or_wait_for_a_core_are_told_from_workers_that_slee
 
 
 class SleepyDataset(Dataset[int]):
-    """Each read sleeps 5 ms: a worker that waits (on a disk, a remote store) rather than computes."""
+    """Each read sleeps 20 ms: a worker that waits (on a disk, a remote store) rather than computes. (Woken, a
+    worker may wait for a core: beside two CPU hogs on 2 cores, about 2 ms a read, which was a third of 5 ms.)"""
 
     def __len__(self) -> int:
         return 16
 
     def __getitem__(self, index: int) -> int:
-        time.sleep(0.005)
+        time.sleep(0.02)
         return index
 
 

@@ -134,8 +134,9 @@ def gather_every(rank, world, init_file, out):
 
 
 def slow_windows(rank, world, init_file, out, rotate):
-    """Gathers every 3 steps of a 13-step loop (4 windows); in each window one rank's forward busy-waits 4 ms:
-    rank 1 every time, or (``rotate``) the rank whose turn it is."""
+    """Gathers every 3 steps of a 13-step loop (4 windows); in each window one rank's forward busy-waits 20 ms:
+    rank 1 every time, or (``rotate``) the rank whose turn it is. (4 ms were 12 a window: beside two CPU hogs on 2
+    cores, a rank preempted for longer outside its forward was the slowest in the other rank's window.)"""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(name, None)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -146,7 +147,7 @@ def slow_windows(rank, world, init_file, out, rotate):
         slow = window % world if rotate else 1
         with sw.timed("forward"):
             if rank == slow:
-                busy_wait(0.004)
+                busy_wait(0.02)
         with sw.timed("backward"):
             dist.barrier()  # the collective: every rank waits here for the slow one
     sw.save(out if rank == 0 else out.replace(".json", f".rank{rank}.json"))
