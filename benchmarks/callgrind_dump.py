@@ -16,11 +16,12 @@ from typing import Literal
 
 Costs = dict[str, int]
 NAME = re.compile(r"(c?(?:ob|fn))=(?:\((\d+)\))?(?: ?(.*))?")
+RECURSION = re.compile(r"'\d+$")  # callgrind's name for a function called within itself, by depth
 
 
 def self_costs(text: str, by: Literal["object", "function"] = "object") -> tuple[Costs, dict[str, Costs]]:
     """The dump's totals (its ``summary`` line) and the self costs of each object file (its path) or of each
-    function (``object file name:function``), by event (``Ir``, ``ILmr``, ...)."""
+    function (``object file name:function``, its recursive calls' costs with its own), by event (``Ir``, ...)."""
     events = re.search(r"^events:\s*(.+)$", text, re.M)
     summary = re.search(r"^summary:\s*(.+)$", text, re.M)
     if events is None or summary is None:
@@ -49,6 +50,7 @@ def self_costs(text: str, by: Literal["object", "function"] = "object") -> tuple
                 skip_next = False
                 continue
             key = current["ob"] if by == "object" else f"{current['ob'].rsplit('/', 1)[-1]}:{current['fn']}"
+            key = RECURSION.sub("", key)  # a function's deeper calls (``eval'2``) are the same function
             cost = costs[key]
             for event, value in zip(names, line.split()[1:], strict=False):
                 cost[event] += int(value)

@@ -1,5 +1,6 @@
 """The reader of callgrind dumps behind ``benchmarks/footprint.py``'s counts (stepwatch's compiled code's lines
-a step, and each function's): self costs only, compressed names resolved wherever they first appear."""
+a step, and each function's): self costs only, compressed names resolved wherever they first appear, a
+function's recursive calls counted with it."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ calls=1 0
 ob=(1)
 fn=(1)
 * 3 0 1
+fn=(4) eval'2
+0 40 2 2
 """
 
 
@@ -44,12 +47,12 @@ def test_self_costs_leave_out_the_calls_and_resolve_compressed_names() -> None:
     totals, by_object = self_costs(DUMP)
     assert totals == {"Ir": 1000, "ILmr": 30, "DLmr": 40}
     assert by_object == {
-        "/usr/lib/libpython3.11.so": {"Ir": 110, "ILmr": 6, "DLmr": 7},  # 100 + 7 + 3: the call's 900 left out
+        "/usr/lib/libpython3.11.so": {"Ir": 150, "ILmr": 8, "DLmr": 9},  # 100 + 7 + 3 + 40: the call's 900 left out
         "/src/stepwatch/_speedups.cpython-311.so": {"Ir": 70, "ILmr": 6, "DLmr": 9},  # (and block_enter's call)
     }
     _, by_function = self_costs(DUMP, by="function")
     assert by_function == {
-        "libpython3.11.so:eval": {"Ir": 110, "ILmr": 6, "DLmr": 7},
+        "libpython3.11.so:eval": {"Ir": 150, "ILmr": 8, "DLmr": 9},  # eval'2, its calls within itself, with it
         "_speedups.cpython-311.so:block_exit": {"Ir": 50, "ILmr": 4, "DLmr": 8},  # named first as a callee
         "_speedups.cpython-311.so:block_enter": {"Ir": 20, "ILmr": 2, "DLmr": 1},
     }
