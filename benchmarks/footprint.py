@@ -281,6 +281,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.module_calls < 4:
         parser.error("--module-calls: at least 4 (the Sequential, a Linear, the sweep and the loss)")
+    if args.functions < 0 or (args.functions and args.phases):
+        parser.error("--functions: a count of 0 or more, for the steady steps' count (not with --phases)")
     if args.child:
         way, steps, module_calls, collector, *phases = args.child.split(",")
         child(way, int(steps), int(module_calls), collector, phases == ["phases"])
