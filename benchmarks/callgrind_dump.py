@@ -1,4 +1,4 @@
-"""Self costs read from a callgrind dump, summed by object file or by function (for ``footprint.py``; not a test).
+"""Self costs read from a callgrind dump, summed by function (for ``footprint.py``; not a test).
 
 A dump lists, under each function (``fn=``, within its object file ``ob=``), the costs of its own lines, then
 for each call it makes a ``calls=`` line followed by the callee's inclusive cost, which is left out here: what is
@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Literal
 
 Costs = dict[str, int]
 NAME = re.compile(r"(c?(?:ob|fn))=(?:\((\d+)\))?(?: ?(.*))?")
 RECURSION = re.compile(r"'\d+$")  # callgrind's name for a function called within itself, by depth
 
 
-def self_costs(text: str, by: Literal["object", "function"] = "object") -> tuple[Costs, dict[str, Costs]]:
-    """The dump's totals (its ``summary`` line) and the self costs of each object file (its path) or of each
-    function (``object file name:function``, its recursive calls' costs with its own), by event (``Ir``, ...)."""
+def self_costs(text: str) -> tuple[Costs, dict[str, Costs]]:
+    """The dump's totals (its ``summary`` line) and the self costs of each function (``object file
+    name:function``, its recursive calls' costs with its own), by event (``Ir``, ``ILmr``, ...)."""
     events = re.search(r"^events:\s*(.+)$", text, re.M)
     summary = re.search(r"^summary:\s*(.+)$", text, re.M)
     if events is None or summary is None:
@@ -49,9 +48,8 @@ def self_costs(text: str, by: Literal["object", "function"] = "object") -> tuple
             if skip_next:  # the call's inclusive cost: the callee's, not this function's
                 skip_next = False
                 continue
-            key = current["ob"] if by == "object" else f"{current['ob'].rsplit('/', 1)[-1]}:{current['fn']}"
-            key = RECURSION.sub("", key)  # a function's deeper calls (``eval'2``) are the same function
-            cost = costs[key]
+            function = RECURSION.sub("", current["fn"])  # its deeper calls (``eval'2``) are the same function
+            cost = costs[f"{current['ob'].rsplit('/', 1)[-1]}:{function}"]
             for event, value in zip(names, line.split()[1:], strict=False):
                 cost[event] += int(value)
     return totals, dict(costs)

@@ -208,10 +208,8 @@ def count(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         if phases:
             counts = [self_costs(dump.read_text())[0] for dump in dumps]
             return {"instructions": [c["Ir"] for c in counts], "misses": [sum(c[n] for n in MISSES) for c in counts]}
-        text = dumps[0].read_text()
-        totals, per_object = self_costs(text)
-        per_function = self_costs(text, by="function")[1]
-    in_compiled = [costs for path, costs in per_object.items() if compiled(path)]
+        totals, per_function = self_costs(dumps[0].read_text())
+    in_compiled = [costs for name, costs in per_function.items() if compiled(name.split(":", 1)[0])]
     missed_in_compiled = sum(costs[name] for costs in in_compiled for name in MISSES)
     executed_in_compiled = sum(costs["Ir"] for costs in in_compiled)
     return {
@@ -313,8 +311,8 @@ def main() -> None:
             f"{way:8s} {row['added_lines_per_step']:12.0f} {row['lines_in_stepwatch_compiled_code']:12.0f}"
             f" {row['added_instructions_per_step']:13.0f} {row['instructions_in_stepwatch_compiled_code']:12.0f}"
         )
-    functions = {way: added_by_function(counted[way], plain, args.functions) for way in WAYS[1:]}
-    for way, rows in functions.items() if args.functions else ():
+    functions = {way: added_by_function(counted[way], plain, args.functions) for way in WAYS[1:] if args.functions}
+    for way, rows in functions.items():
         print(f"\n{way}: the {len(rows)} functions that add or save the most lines a step")
         print(f"{'lines':>8s} {'code':>7s} {'data':>7s}  function")
         for row in rows:
@@ -329,7 +327,7 @@ def main() -> None:
         "warm_steps": WARM_STEPS,
         "plain": {"lines_per_step": plain["misses"], "instructions_per_step": plain["instructions"]},
         "added": table,
-        **({"functions": functions} if args.functions else {}),
+        **({"functions": functions} if functions else {}),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -93,7 +93,7 @@ def plan(
     confirmed, rounds = False, 0
     while True:
         pool = Tuning(original, best.setting, tuple(history))
-        beating = _beating(pool, best.setting, history)
+        beating = _beating(pool)
         if rounds < CONFIRMATIONS and beating is not None:
             best = beating  # pooled, faster than the choice beyond the noise: the one to confirm now
         elif confirmed:
@@ -128,15 +128,15 @@ def _confirmed(pool: Tuning, chosen: Setting) -> Setting:
     return chosen if chosen == original or preferred(pool.of(chosen), pool.of(original)) else original
 
 
-def _beating(pool: Tuning, chosen: Setting, history: list[Trial]) -> Trial | None:
-    """The fastest of the settings whose runs, pooled, are faster than ``chosen``'s beyond the noise, or None. Not
-    merely the fastest setting: a lucky run read fast with a wide noise must not hide a steadier setting that
+def _beating(pool: Tuning) -> Trial | None:
+    """The fastest of the settings whose runs, pooled, are faster than the pool's best beyond the noise, or None.
+    Not merely the fastest setting: a lucky run read fast with a wide noise must not hide a steadier setting that
     does beat the choice."""
-    choice = pool.of(chosen)
+    choice = pool.of(pool.best)
     beating = [
         trial
-        for trial in (pool.of(setting) for setting in dict.fromkeys(t.setting for t in history))
-        if trial.setting != chosen and better(trial, choice)
+        for trial in (pool.of(setting) for setting in dict.fromkeys(t.setting for t in pool.trials))
+        if trial.setting != pool.best and better(trial, choice)
     ]
     return min(beating, key=lambda trial: trial.per_step, default=None)
 
