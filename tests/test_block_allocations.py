@@ -10,11 +10,15 @@ import itertools
 import sys
 import time
 import weakref
+from typing import Any
 
 import pytest
+import torch
 
+import stepwatch
 from stepwatch import Stopwatch, _block_base
 from stepwatch._blocks import Block
+from stepwatch._self_cost import IN_SITU
 
 pytestmark = pytest.mark.skipif(
     not _block_base.COMPILED, reason="the compiled blocks were not built (pure-Python install)"
@@ -72,6 +76,34 @@ def test_a_frame_someone_holds_is_never_refilled() -> None:
         assert sw.stacks.thread_stack()[-1] is not taken
     assert tuple(taken) == kept
     assert sw.summary().phases["train"].stages["step"].calls == 4
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="a start is rewritten in place on Python 3.11 only")
+def test_a_refilled_frame_rewrites_its_start_in_place_unless_someone_holds_it() -> None:
+    """On 3.11 an entry gives the int its own frame held the new start's value, where nothing else holds it (no
+    int made or freed); an int the program kept from an open frame keeps its value, the next entry makes a new
+    one, and the entries after it rewrite that one."""
+    sw = Stopwatch()
+    sw.enable()
+    block = sw.timed("step")
+    identities: list[int] = []
+    for round_ in range(7):
+        before = time.perf_counter_ns()
+        with block:
+            start = sw.stacks.thread_stack()[-1][2]
+            identities.append(id(start))
+            assert before <= start <= time.perf_counter_ns()
+            if round_ == 3:
+                kept, kept_value = start, int(str(start))  # the program keeps it (its value copied beside)
+            del start
+        after = time.perf_counter_ns()
+        elapsed = sw.tree.phases["train"].root.children["step"].buf[-1]
+        assert 0 <= elapsed <= after - before
+    # the third entry refills the frame (the first two make the stage and the frame) and the fourth rewrites its
+    # int; the fifth makes a new one in place of the kept one, which the sixth and seventh rewrite
+    assert identities[2] == identities[3] and identities[4] == identities[5] == identities[6], identities
+    assert identities[4] != identities[3] and kept == kept_value
+    assert sw.summary().phases["train"].stages["step"].calls == 7
 
 
 def test_a_block_inside_itself_keeps_one_frame_and_times_both() -> None:
@@ -146,3 +178,81 @@ def test_a_stages_buffer_doubles_up_to_the_fold_size_and_keeps_every_duration() 
         assert max(seen) <= sys.getsizeof([]) + FOLD * 8, (name, seen)
     stages = sw.summary().phases["train"].stages
     assert stages["step/inner"].calls == 3 * FOLD - 1 and stages["step"].calls == 3 * FOLD - 1, stages.keys()
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="ints are rewritten in place on Python 3.11 only")
+def test_a_steady_loop_refills_its_frame_and_totals_in_place_but_never_what_the_program_holds() -> None:
+    """A loop's steady steps (``SteadyLoop``) close a frame and open the next in the same tuple, its start's int
+    and the phase's loop time rewritten in place, where nothing else holds them; a frame or a total the program
+    kept keeps its values, and the step after it opens a new one."""
+    sw = Stopwatch()
+    sw.enable()
+    frames: list[int] = []
+    totals: list[int] = []
+    steps = IN_SITU + 100  # (the steps on which stepwatch measures its own cost are not the steady ones)
+    kept_at = IN_SITU + 60
+    for index in sw.timed_iter(range(steps)):
+        phase = sw.tree.phases["train"]
+        frame = sw.stacks.thread_stack()[-1]
+        frames.append(id(frame))
+        totals.append(id(phase.loop_ns))
+        assert frame[2] <= time.perf_counter_ns()
+        if index == kept_at:
+            kept_frame, kept_items = frame, (frame[0], frame[1], int(str(frame[2])))
+            kept_total, kept_value = phase.loop_ns, int(str(phase.loop_ns))
+        del frame
+    # the steady steps: one frame throughout, one int of the loop time, until the program keeps them
+    steady = slice(IN_SITU + 20, kept_at + 1)
+    assert len(set(frames[steady])) == 1 and len(set(totals[steady])) == 1, (frames, totals)
+    assert frames[kept_at + 1] != frames[kept_at] and len(set(frames[kept_at + 1 :])) == 1
+    assert totals[kept_at + 1] != totals[kept_at] and len(set(totals[kept_at + 1 :])) == 1
+    assert (kept_frame[0], kept_frame[1], kept_frame[2]) == kept_items and kept_total == kept_value
+    phase = sw.tree.phases["train"]
+    stages = sw.summary().phases["train"].stages
+    assert stages["step"].calls == stages["loader"].calls == phase.steps == steps - 1
+    assert kept_value < phase.loop_ns == stages["step"].total_ns + stages["loader"].total_ns
+
+
+class FramesSeen(torch.utils.data.Dataset[int]):
+    """Each read notes whether the frame on top of the stack (the batch's ``dataset`` frame) is the ``dataset``
+    block's own, and its start; at batch ``keep_at`` the dataset keeps that frame, as a program may."""
+
+    def __init__(self, keep_at: int) -> None:
+        self.seen: list[tuple[bool, int]] = []
+        self.kept: list[tuple[Any, tuple[Any, ...]]] = []
+        self.keep_at = keep_at
+
+    def __len__(self) -> int:
+        return 4 * 60
+
+    def __getitem__(self, index: int) -> int:
+        sw = stepwatch._default_instance.stopwatch
+        frame = sw.stacks.thread_stack()[-1]
+        own = [item for item in gc.get_referents(sw.timed("dataset")) if isinstance(item, tuple)]
+        self.seen.append((own == [frame] and own[0] is frame, frame[2]))
+        if index == 4 * self.keep_at:
+            self.kept.append((frame, (frame[0], frame[1], int(str(frame[2])))))
+        return index
+
+
+def test_a_loaders_reads_refill_the_dataset_blocks_frame_but_never_one_the_dataset_holds() -> None:
+    """A single-process loader's batch reads in C (``fetch_batch``) refill the ``dataset`` block's own frame, as a
+    block's entry does; a frame the dataset kept keeps its items, and the next batches' reads open their own."""
+    stepwatch.disable()
+    stepwatch.reset()
+    stepwatch.enable()
+    dataset = FramesSeen(keep_at=40)
+    try:
+        batches = sum(1 for _ in stepwatch.watch(torch.utils.data.DataLoader(dataset, batch_size=4)))
+        stages = stepwatch.summary().stages
+    finally:
+        stepwatch.disable()
+        stepwatch.reset()
+    own = [is_own for is_own, _ in dataset.seen[::4]]
+    assert batches == 60 and own[5:41] == [True] * 36 and not any(own[41:]), own
+    ((kept, items),) = dataset.kept
+    assert (kept[0], kept[1], kept[2]) == items and kept[1].path.endswith("dataset")
+    starts = [start for _, start in dataset.seen]
+    assert all(starts[read] == starts[4 * (read // 4)] for read in range(len(starts)))  # one start a batch
+    assert starts[::4] == sorted(starts[::4]) and len(set(starts)) == batches
+    assert stages["loader/dataset"].calls + stages["first_batch/dataset"].calls == 4 * 60

@@ -60,6 +60,20 @@ new_own_frame(BlockObject *self)
     return frame;
 }
 
+/* A new int for the start of the frame's next use, where its int could not be rewritten (``rewritten_in_place``,
+ * _ints.c): the frame's former start, whose reference is the caller's to drop, or NULL with an exception. */
+static COLD PyObject *
+new_start(PyObject *frame, long long now_ns)
+{
+    PyObject *start = PyLong_FromLongLong(now_ns);
+    if (start == NULL) {
+        return NULL;
+    }
+    PyObject *former = PyTuple_GET_ITEM(frame, 2);
+    PyTuple_SET_ITEM(frame, 2, start);
+    return former;
+}
+
 static PyObject *
 block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -95,18 +109,17 @@ block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
          * allocation may run Python code, which may change the stack) */
         return REFILLS_FRAMES && frame == NULL && new_own_frame(self) == NULL ? NULL : block_enter_general(self);
     }
-    PyObject *start = PyLong_FromLongLong(now_ns);
-    if (start == NULL) {
+    PyObject *former_node = PyTuple_GET_ITEM(frame, 1), *former_start = NULL;
+    if (UNLIKELY(!rewritten_in_place(PyTuple_GET_ITEM(frame, 2), now_ns)) &&
+        (former_start = new_start(frame, now_ns)) == NULL) {
         return NULL;
     }
-    PyObject *former_node = PyTuple_GET_ITEM(frame, 1), *former_start = PyTuple_GET_ITEM(frame, 2);
     Py_INCREF(node);
     PyTuple_SET_ITEM(frame, 1, node);
-    PyTuple_SET_ITEM(frame, 2, start);
     Py_INCREF(frame);
     append_with_room(stack, frame); /* (room checked above, and nothing has run since) */
     Py_DECREF(former_node); /* last: freeing them may run Python code */
-    Py_DECREF(former_start);
+    Py_XDECREF(former_start);
     Py_RETURN_NONE;
 }
 
@@ -132,16 +145,14 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyTuple_GET_ITEM(frame, 0) != (PyObject *)self) {
         return block_exit_general(self, args, nargs, &end_ns); /* (a block closed out of order, say) */
     }
-    PyObject *node = PyTuple_GET_ITEM(frame, 1), *start = PyTuple_GET_ITEM(frame, 2);
+    PyObject *node = PyTuple_GET_ITEM(frame, 1);
     PyObject *buf = Py_TYPE(node) == SLOT_TYPE(SLOT_BUF) ? SLOT_IN_PLACE(node, SLOT_BUF) : NULL;
     if (buf == NULL || (!has_room(buf) && !(PyList_CheckExact(buf) && make_room(buf))) ||
-        PyList_GET_SIZE(buf) + 1 >= hot_state.fold_at || !PyLong_CheckExact(start)) {
+        PyList_GET_SIZE(buf) + 1 >= hot_state.fold_at) {
         return block_exit_general(self, args, nargs, &end_ns);
     }
-    int overflow;
-    long long first = PyLong_AsLongLongAndOverflow(start, &overflow);
-    if (overflow || (first >= 0) != (end_ns >= 0) || (first == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
+    long long first;
+    if (!int_value(PyTuple_GET_ITEM(frame, 2), &first) || (first >= 0) != (end_ns >= 0)) {
         return block_exit_general(self, args, nargs, &end_ns);
     }
     Py_SET_SIZE(stack, depth - 1); /* ``del stack[-1]``: the stack's reference to the frame is now this one */

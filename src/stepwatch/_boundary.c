@@ -8,15 +8,33 @@
  * takes its general path, as before.
  */
 
+/* A loop's frame just closed, ``(LOOP, node, start)``, refilled as ``(LOOP, next_node, now)`` (1), as a block
+ * refills its own (_block_fast.c), or left as it is (0): where nothing but the caller holds it and its start's
+ * int can be rewritten (``rewritten_in_place``). No tuple or int made or freed at a step's boundary, where two
+ * of each were, on lines cold in a real step (benchmarks/footprint.py). */
+static int
+loop_frame_refilled(PyObject *frame, PyObject *next_node, long long now_ns)
+{
+    if (!REFILLS_FRAMES || PyTuple_GET_ITEM(frame, 0) != hot_state.loop_owner ||
+        !rewritten_in_place(PyTuple_GET_ITEM(frame, 2), now_ns)) {
+        return 0;
+    }
+    PyObject *former = PyTuple_GET_ITEM(frame, 1); /* the node just closed, which the caller holds */
+    PyTuple_SET_ITEM(frame, 1, Py_NewRef(next_node));
+    Py_DECREF(former);
+    return 1;
+}
+
 /* swap_frame(stacks, local, stack, frame, node, next_node, phase, clock, ends_step, counted): if ``frame`` (a loop
  * frame of ``node``) is on top of this thread's ``stack``, unswitched (``stacks.local is local``; for the end of a
  * step, measuring too), reads ``clock`` (the default one without a call), closes the frame then into ``node``'s
  * buffer and the phase's loop time (and its steps, at the end of a step; its schedule's position too where
  * ``counted``), then opens and returns ``(LOOP, next_node, now)``; None, having changed nothing and read no clock,
- * otherwise. */
+ * otherwise. ``reuses``: the caller holds ``frame`` once and lets it go for the frame returned, which may then be
+ * ``frame`` itself, refilled where nothing else holds it (``loop_frame_refilled``). */
 static PyObject *
 swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObject *node, PyObject *next_node,
-     PyObject *phase, PyObject *clock, int ends_step, int counted)
+     PyObject *phase, PyObject *clock, int ends_step, int counted, int reuses)
 {
     if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0 ||
         PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != frame || !PyTuple_CheckExact(frame) ||
@@ -43,11 +61,11 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
         }
     }
     Py_INCREF(frame); /* held across the clock's call, which can run anything */
-    PyObject *now, *elapsed;
+    PyObject *now = NULL, *elapsed;
     long long now_ns;
-    if (read_clock_raw(clock, &now_ns)) {
-        now = PyLong_FromLongLong(now_ns);
-        elapsed = now != NULL ? elapsed_since(now_ns, PyTuple_GET_ITEM(frame, 2)) : NULL;
+    int raw = read_clock_raw(clock, &now_ns);
+    if (raw) {
+        elapsed = elapsed_since(now_ns, PyTuple_GET_ITEM(frame, 2));
     }
     else {
         now = PyObject_CallNoArgs(clock);
@@ -68,18 +86,19 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
         goto done;
     }
     if (record(stacks, node, elapsed) == 0) {
-        PyObject *loop_ns = slot_get(phase, SLOT_LOOP_NS);
-        PyObject *total = loop_ns != NULL ? add_ints(loop_ns, elapsed) : NULL;
-        Py_XDECREF(loop_ns);
-        int failed = total == NULL || slot_set(phase, SLOT_LOOP_NS, total) < 0;
-        Py_XDECREF(total);
+        int failed = slot_add(phase, SLOT_LOOP_NS, elapsed) < 0;
         if (!failed && ends_step) {
             failed = slot_increment(phase, SLOT_STEPS) < 0;
         }
         if (!failed && counted) {
             failed = slot_increment(phase, SLOT_SCHEDULE_POS) < 0;
         }
-        opened = failed ? NULL : PyTuple_Pack(3, hot_state.loop_owner, next_node, now);
+        if (!failed && raw && reuses && Py_REFCNT(frame) == 2 && loop_frame_refilled(frame, next_node, now_ns)) {
+            opened = Py_NewRef(frame);
+        }
+        else if (!failed && (now != NULL || (now = PyLong_FromLongLong(now_ns)) != NULL)) {
+            opened = PyTuple_Pack(3, hot_state.loop_owner, next_node, now);
+        }
         if (opened != NULL && PyList_Append(stack, opened) < 0) {
             Py_CLEAR(opened);
         }
@@ -87,7 +106,7 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
 done:
     Py_DECREF(frame);
     Py_DECREF(elapsed);
-    Py_DECREF(now);
+    Py_XDECREF(now);
     return opened;
 }
 
@@ -99,5 +118,5 @@ swap_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     return swap(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8] == Py_True,
-                args[9] == Py_True);
+                args[9] == Py_True, 0);
 }

@@ -207,11 +207,9 @@ add_batch_samples(PyObject *phase, PyObject *size, CountedBy by)
         Py_XDECREF(counted);
         return counted == NULL ? -1 : 1;
     }
-    PyObject *total = add_ints(counted, size);
-    Py_DECREF(counted);
-    int failed = total == NULL || (by == BY_AUTO && slot_increment(phase, SLOT_COUNT_CALLS) < 0) ||
-                 slot_set(phase, SLOT_BATCH_SAMPLES, total) < 0;
-    Py_XDECREF(total);
+    Py_DECREF(counted); /* (the phase holds it: added to in place where nothing else does, slot_add) */
+    int failed = (by == BY_AUTO && slot_increment(phase, SLOT_COUNT_CALLS) < 0) ||
+                 slot_add(phase, SLOT_BATCH_SAMPLES, size) < 0;
     return failed ? -1 : 1;
 }
 

@@ -11,6 +11,33 @@
  * top, and no timeline kept. Anything else goes, before anything is written, to ``reads(indices)``
  * (``read_samples``); a frame closed in another state to ``close_reads``, a failed read to ``reads_failed``. */
 
+/* The dataset block's own frame refilled as ``(block, node, start_ns)`` for a batch's reads, as a block's entry
+ * refills it (_block_fast.c), its start's int rewritten in place: a new reference. NULL without an exception
+ * where something else holds it, or the block has none (made now, for the next batch); NULL with one where
+ * making something failed. No tuple or int made or freed for a batch's reads, where one of each were. */
+static PyObject *
+own_frame_refilled(BlockObject *block, PyObject *node, long long start_ns)
+{
+    PyObject *frame = block->frame;
+    if (!REFILLS_FRAMES || frame == NULL || Py_REFCNT(frame) != 1) {
+        if (REFILLS_FRAMES && frame == NULL) {
+            new_own_frame(block); /* (NULL with an exception where it failed) */
+        }
+        return NULL;
+    }
+    PyObject *former_start = NULL;
+    if (!rewritten_in_place(PyTuple_GET_ITEM(frame, 2), start_ns) &&
+        (former_start = new_start(frame, start_ns)) == NULL) {
+        return NULL;
+    }
+    PyObject *former_node = PyTuple_GET_ITEM(frame, 1);
+    PyTuple_SET_ITEM(frame, 1, Py_NewRef(node));
+    Py_INCREF(frame);
+    Py_DECREF(former_node); /* (the reads may run Python code too: what is used is held) */
+    Py_XDECREF(former_start);
+    return frame;
+}
+
 /* The batch's reads in their common case (see above): the samples, or NULL with an exception, or NULL without one
  * where the case is not the common one and nothing was done. */
 static PyObject *
@@ -46,13 +73,18 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     Py_INCREF(stack);
     Py_INCREF(parent);
     Py_INCREF(node);
-    PyObject *samples = NULL, *frame = NULL, *remaining = NULL, *start = PyLong_FromLongLong(start_ns);
-    if (start == NULL || (frame = PyTuple_New(3)) == NULL) {
+    PyObject *samples = NULL, *frame = own_frame_refilled(block, node, start_ns), *remaining = NULL, *start = NULL;
+    if (frame != NULL) {
+        start = Py_NewRef(PyTuple_GET_ITEM(frame, 2));
+    }
+    else if (PyErr_Occurred() || (start = PyLong_FromLongLong(start_ns)) == NULL || (frame = PyTuple_New(3)) == NULL) {
         goto done;
     }
-    PyTuple_SET_ITEM(frame, 0, Py_NewRef((PyObject *)block));
-    PyTuple_SET_ITEM(frame, 1, Py_NewRef(node));
-    PyTuple_SET_ITEM(frame, 2, Py_NewRef(start));
+    else {
+        PyTuple_SET_ITEM(frame, 0, Py_NewRef((PyObject *)block));
+        PyTuple_SET_ITEM(frame, 1, Py_NewRef(node));
+        PyTuple_SET_ITEM(frame, 2, Py_NewRef(start));
+    }
     if ((remaining = PyObject_GetIter(indices)) == NULL || PyList_Append(stack, frame) < 0) {
         goto done;
     }

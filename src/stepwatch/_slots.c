@@ -166,16 +166,37 @@ add_ints(PyObject *a, PyObject *b)
     return PyNumber_Add(a, b);
 }
 
+/* ``obj.<slot> += addend`` (``slot_add``) where the slot's int cannot take the sum in place. */
+static COLD int
+slot_add_general(PyObject *obj, Slot slot, PyObject *addend)
+{
+    PyObject *value = slot_get(obj, slot);
+    PyObject *total = value != NULL ? add_ints(value, addend) : NULL;
+    Py_XDECREF(value);
+    int failed = total == NULL || slot_set(obj, slot, total) < 0;
+    Py_XDECREF(total);
+    return failed ? -1 : 0;
+}
+
+/* ``obj.<slot> += addend``: 0, or -1 with an exception. Where the slot's int is held by the object alone and the
+ * sum has as many digits, that int takes the sum in place (``rewritten_in_place``): no int made or freed. */
+static int
+slot_add(PyObject *obj, Slot slot, PyObject *addend)
+{
+    long long before, more;
+    PyObject *value = Py_TYPE(obj) == SLOT_TYPE(slot) ? SLOT_IN_PLACE(obj, slot) : NULL;
+    if (value != NULL && compact_int_value(value, &before) && compact_int_value(addend, &more) &&
+        rewritten_in_place(value, before + more)) {
+        return 0;
+    }
+    return slot_add_general(obj, slot, addend);
+}
+
 /* ``obj.<slot> += 1``: 0, or -1 with an exception. */
 static int
 slot_increment(PyObject *obj, Slot slot)
 {
-    PyObject *value = slot_get(obj, slot);
-    PyObject *more = value != NULL ? add_ints(value, hot_state.one) : NULL;
-    Py_XDECREF(value);
-    int failed = more == NULL || slot_set(obj, slot, more) < 0;
-    Py_XDECREF(more);
-    return failed ? -1 : 0;
+    return slot_add(obj, slot, hot_state.one);
 }
 
 /* ``slot``'s offset on ``type``: >= 0, or -1 with an exception if it is not a writable object slot there, its own

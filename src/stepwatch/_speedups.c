@@ -67,6 +67,7 @@ keywords_refused(const char *type_name, PyObject *kwargs)
 static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
     *s_thread_stack, *s_track, *s_fold, *s_unwind, *s_get, *s_append, *s_remove, *s_closed_live;
 
+#include "_ints.c"
 #include "_slots.c"
 
 #include "_frames.c"

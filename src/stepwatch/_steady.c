@@ -68,7 +68,7 @@ steady_step(SteadyLoopObject *self)
         self->boundaries--;
     }
     PyObject *opened = swap(self->stacks, self->local, self->stack, self->body_frame, self->body_node,
-                            self->wait_node, self->phase, self->clock, 1, 0);
+                            self->wait_node, self->phase, self->clock, 1, 0, 1);
     if (opened == NULL) {
         return NULL;
     }
@@ -94,7 +94,7 @@ steady_step(SteadyLoopObject *self)
         return NULL;
     }
     opened = swap(self->stacks, self->local, self->stack, self->wait_frame, self->wait_node, self->body_node,
-                  self->phase, self->clock, 0, 1);
+                  self->phase, self->clock, 0, 1, 1);
     if (opened == NULL || opened == Py_None) {
         if (opened == NULL) {
             Py_DECREF(item);
