@@ -1,7 +1,9 @@
 """What a compiled block allocates in its common case. It owns one frame tuple, refilled at each entry while
 nothing else holds it (``_block_fast.c``, ``new_own_frame``): the same durations as a fresh frame, never a frame
 anyone else holds, and nothing kept alive once the stopwatch goes. A stage's buffer grows by doubling up to the
-fold size (``_frames.c``, ``make_room``)."""
+fold size (``_frames.c``, ``make_room``). On Python 3.11 the ints only stepwatch holds take new values in place
+(``_ints.c``): a block's start, a loop's steady frame and the phase's totals, the dataset block's frame for a
+batch's reads; never an int or a frame a program holds."""
 
 from __future__ import annotations
 
