@@ -142,12 +142,9 @@ elapsed_in_python(long long end_ns, PyObject *start)
 static PyObject *
 elapsed_since(long long end_ns, PyObject *start)
 {
-    if (PyLong_CheckExact(start)) {
-        int overflow;
-        long long first = PyLong_AsLongLongAndOverflow(start, &overflow);
-        if (!overflow && (first >= 0) == (end_ns >= 0) && !(first == -1 && PyErr_Occurred())) {
-            return PyLong_FromLongLong(end_ns - first); /* (same signs: no overflow) */
-        }
+    long long first;
+    if (int_value(start, &first) && (first >= 0) == (end_ns >= 0)) {
+        return PyLong_FromLongLong(end_ns - first); /* (same signs: no overflow) */
     }
     return elapsed_in_python(end_ns, start);
 }
@@ -156,15 +153,9 @@ elapsed_since(long long end_ns, PyObject *start)
 static PyObject *
 difference(PyObject *end, PyObject *start)
 {
-    if (PyLong_CheckExact(end)) {
-        int overflow;
-        long long last = PyLong_AsLongLongAndOverflow(end, &overflow);
-        if (!overflow && !(last == -1 && PyErr_Occurred())) {
-            return elapsed_since(last, start);
-        }
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
+    long long last;
+    if (int_value(end, &last)) {
+        return elapsed_since(last, start);
     }
     return PyNumber_Subtract(end, start);
 }

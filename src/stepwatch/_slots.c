@@ -151,17 +151,13 @@ slot_set(PyObject *obj, Slot slot, PyObject *value)
 
 /* ``a + b``: two ints that fit in a long long added as such, without ``PyNumber_Add``'s dispatch through the int
  * type's number methods (about ten lines of code fetched cold at each of a step's five or six counter updates,
- * where the conversions below are already fetched by the clock's arithmetic); anything else by ``PyNumber_Add``. */
+ * where ``int_value``, _ints.c, is already fetched by the clock's arithmetic); anything else by ``PyNumber_Add``. */
 static PyObject *
 add_ints(PyObject *a, PyObject *b)
 {
-    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
-        int overflow_a, overflow_b;
-        long long x = PyLong_AsLongLongAndOverflow(a, &overflow_a);
-        long long y = PyLong_AsLongLongAndOverflow(b, &overflow_b);
-        if (!overflow_a && !overflow_b && (y >= 0 ? x <= LLONG_MAX - y : x >= LLONG_MIN - y)) {
-            return PyLong_FromLongLong(x + y);
-        }
+    long long x, y;
+    if (int_value(a, &x) && int_value(b, &y) && (y >= 0 ? x <= LLONG_MAX - y : x >= LLONG_MIN - y)) {
+        return PyLong_FromLongLong(x + y);
     }
     return PyNumber_Add(a, b);
 }
