@@ -258,3 +258,35 @@ def test_a_loaders_reads_refill_the_dataset_blocks_frame_but_never_one_the_datas
     assert all(starts[read] == starts[4 * (read // 4)] for read in range(len(starts)))  # one start a batch
     assert starts[::4] == sorted(starts[::4]) and len(set(starts)) == batches
     assert stages["loader/dataset"].calls + stages["first_batch/dataset"].calls == 4 * 60
+
+
+def test_a_block_finds_its_stage_under_whichever_parent_it_opens_in() -> None:
+    """A block's own frame keeps the node it last opened; on Python 3.11 its next entry takes it from there while
+    the parent's children are as they were when it was found (``child_of``, _block_fast.c). Under another parent,
+    in another phase, with a sibling added between two entries, or after a reset, each entry's time goes to the
+    stage it opened in."""
+    sw = Stopwatch()
+    sw.enable()
+    inner = sw.timed("inner")
+    for round_ in range(12):
+        with sw.timed("a" if round_ % 3 else "b"), inner:
+            pass
+        with inner:  # at the top level of the phase
+            pass
+        if round_ == 5:
+            with sw.timed(f"sibling{round_}"):  # a new stage beside the block's parent
+                pass
+    for _ in sw.timed_iter(range(4), phase="val"):
+        with inner:
+            pass
+    with inner:  # train again: its stage in the train phase, not in val's loop
+        pass
+    train = sw.summary().phases["train"].stages
+    val = sw.summary().phases["val"].stages
+    assert (train["a/inner"].calls, train["b/inner"].calls, train["inner"].calls) == (8, 4, 13)
+    assert (val["first_step/inner"].calls, val["step/inner"].calls) == (1, 3) and "a/inner" not in val
+    sw.reset()
+    sw.enable()
+    with sw.timed("a"), inner:
+        pass
+    assert sw.summary().phases["train"].stages["a/inner"].calls == 1

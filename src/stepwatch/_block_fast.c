@@ -39,6 +39,12 @@ has_room(PyObject *list)
     return PyList_CheckExact(list) && PyList_GET_SIZE(list) < ((PyListObject *)list)->allocated;
 }
 
+#if PY_VERSION_HEX < 0x030C0000
+#define CACHES_CHILDREN 1 /* a dict's version (PEP 509), which 3.12 deprecates */
+#else
+#define CACHES_CHILDREN 0
+#endif
+
 #if PY_VERSION_HEX < 0x030E0000
 #define REFILLS_FRAMES 1
 #else
@@ -55,9 +61,37 @@ new_own_frame(BlockObject *self)
 {
     PyObject *frame = PyTuple_Pack(3, (PyObject *)self, Py_None, Py_None);
     if (frame != NULL) {
+        self->children_version = 0;
         Py_XSETREF(self->frame, frame); /* (a finalizer run by the allocation may have made one) */
     }
     return frame;
+}
+
+/* ``children``' version (PEP 509): a number no other state of any dict has had (0: none read, or no versions). */
+static inline unsigned long long
+version_of(PyObject *children)
+{
+#if CACHES_CHILDREN
+    return ((PyDictObject *)children)->ma_version_tag;
+#else
+    (void)children;
+    return 0;
+#endif
+}
+
+/* ``block``'s node in ``children`` (a dict), borrowed, or NULL (with an exception, or none there): the node its own
+ * frame holds where that was found in ``children`` as they are now (the same version, which every change of a dict
+ * renews), without reading the dictionary (about three lines of it, cold in a real step, benchmarks/footprint.py);
+ * looked up otherwise. Whoever refills the frame with the node records ``version_of(children)`` with it. */
+static inline PyObject *
+child_of(BlockObject *block, PyObject *children)
+{
+    PyObject *frame = block->frame;
+    if (CACHES_CHILDREN && frame != NULL && block->children_version != 0 &&
+        block->children_version == version_of(children)) {
+        return PyTuple_GET_ITEM(frame, 1);
+    }
+    return PyDict_GetItemWithError(children, block->name);
 }
 
 /* A new int for the start of the frame's next use, where its int could not be rewritten (``rewritten_in_place``,
@@ -98,7 +132,8 @@ block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
     if (children == NULL || !PyDict_CheckExact(children)) {
         return block_enter_general(self);
     }
-    PyObject *node = PyDict_GetItemWithError(children, self->name); /* borrowed */
+    PyObject *node = child_of(self, children); /* borrowed */
+    unsigned long long children_version = version_of(children); /* (before anything can change them) */
     long long now_ns;
     if (node == NULL || !read_clock_raw(self->clock, &now_ns)) {
         return PyErr_Occurred() ? NULL : block_enter_general(self); /* a new child, or another clock */
@@ -116,6 +151,7 @@ block_enter(BlockObject *self, PyObject *Py_UNUSED(ignored))
     }
     Py_INCREF(node);
     PyTuple_SET_ITEM(frame, 1, node);
+    self->children_version = children_version;
     Py_INCREF(frame);
     append_with_room(stack, frame); /* (room checked above, and nothing has run since) */
     Py_DECREF(former_node); /* last: freeing them may run Python code */

@@ -14,9 +14,10 @@
 /* The dataset block's own frame refilled as ``(block, node, start_ns)`` for a batch's reads, as a block's entry
  * refills it (_block_fast.c), its start's int rewritten in place: a new reference. NULL without an exception
  * where something else holds it, or the block has none (made now, for the next batch); NULL with one where
- * making something failed. No tuple or int made or freed for a batch's reads, where one of each were. */
+ * making something failed. No tuple or int made or freed for a batch's reads, where one of each were.
+ * ``children_version``: the version of the children ``node`` was found in, kept with it (``child_of``). */
 static PyObject *
-own_frame_refilled(BlockObject *block, PyObject *node, long long start_ns)
+own_frame_refilled(BlockObject *block, PyObject *node, unsigned long long children_version, long long start_ns)
 {
     PyObject *frame = block->frame;
     if (!REFILLS_FRAMES || frame == NULL || Py_REFCNT(frame) != 1) {
@@ -32,6 +33,7 @@ own_frame_refilled(BlockObject *block, PyObject *node, long long start_ns)
     }
     PyObject *former_node = PyTuple_GET_ITEM(frame, 1);
     PyTuple_SET_ITEM(frame, 1, Py_NewRef(node));
+    block->children_version = children_version;
     Py_INCREF(frame);
     Py_DECREF(former_node); /* (the reads may run Python code too: what is used is held) */
     Py_XDECREF(former_start);
@@ -61,7 +63,8 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     if (children == NULL || !PyDict_CheckExact(children)) {
         return NULL;
     }
-    PyObject *node = PyDict_GetItemWithError(children, block->name); /* borrowed */
+    PyObject *node = child_of(block, children); /* borrowed */
+    unsigned long long children_version = version_of(children);
     long long start_ns;
     if (node == NULL || node == parent || Py_TYPE(node) != SLOT_TYPE(SLOT_BATCHES) ||
         !read_clock_raw(block->clock, &start_ns)) {
@@ -73,7 +76,8 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     Py_INCREF(stack);
     Py_INCREF(parent);
     Py_INCREF(node);
-    PyObject *samples = NULL, *frame = own_frame_refilled(block, node, start_ns), *remaining = NULL, *start = NULL;
+    PyObject *samples = NULL, *remaining = NULL, *start = NULL;
+    PyObject *frame = own_frame_refilled(block, node, children_version, start_ns);
     if (frame != NULL) {
         start = Py_NewRef(PyTuple_GET_ITEM(frame, 2));
     }

@@ -26,12 +26,13 @@ typedef struct {
     PyObject_HEAD
     PyObject *stacks; /* ``sw.stacks``, kept: the stopwatch's state lent or shared re-points it (Blocks.follow_state) */
     PyObject *clock;  /* the stopwatch's clock: called with no arguments, returns an int of nanoseconds */
-    PyObject *name;   /* the stage name */
+    unsigned long long children_version; /* what its own frame's node was found in (``child_of``, _block_fast.c) */
     PyObject *frame;  /* its own frame, refilled at each entry while nothing else holds it (_block_fast.c) */
     PyObject *bound[4]; /* its __enter__, __exit__, _dropped_enter and _dropped_exit bound, once used (_bound.c) */
     PyObject *sw;     /* the Stopwatch */
     PyObject *inside; /* threads inside this block opened while switched off (read by the Python subclasses) */
-    void *padding[2];
+    PyObject *name;   /* the stage name: read where its node is not the one its own frame holds */
+    void *padding[1];
 } BlockObject;
 
 #if defined(__GNUC__)
