@@ -16,7 +16,9 @@ costs), and which move with where the allocator put things. The model is a Linea
 step); ``--module-calls N`` gives it Linear and ReLU layers in turn, to count a larger model where the wall clock
 cannot resolve it, and ``--collector paused`` keeps Python's collections out of the count. ``--functions N`` lists,
 for each way, the N functions whose misses a step differ most from the plain loop's, code and data apart (where
-a step's lines go; ``callgrind_dump.py`` reads the dumps). Takes about five minutes on two cores; writes
+a step's lines go; ``callgrind_dump.py`` reads the dumps). ``--floor`` counts a fourth way: by hand's loop timed
+by ``floor/floor.c``, the least C that times it (its own C given as "in C"), what the ``with`` statement, the call
+and the clock cost without stepwatch. Takes about five minutes on two cores; writes
 ``benchmarks/results/footprint.json`` (or ``--out``).
 """
 
@@ -28,9 +30,11 @@ import gc
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -141,6 +145,23 @@ def child(way: str, steps: int, module_calls: int, collector: str, phases: bool 
                 optimizer.zero_grad()
             after_step(index)
 
+    def floor_loop(batches: Any, after_step: Any) -> None:  # by hand's loop timed by benchmarks/floor/floor.c
+        import floor
+
+        for index, (x, y) in enumerate(floor.watch(batches)):
+            with floor.timed("forward"):
+                out = model(x)
+            out.register_hook(swept_gradient)
+            with floor.timed("loss"):
+                loss = criterion(out, y)
+            with floor.timed("backward"):
+                loss.backward()
+            with floor.timed("optimizer"):
+                optimizer.step()
+            with floor.timed("zero_grad"):
+                optimizer.zero_grad()
+            after_step(index)
+
     def program(batches: Any, after_step: Any) -> None:  # the plain loop, and what auto() patches
         for index, (x, y) in enumerate(batches):
             out = model(x)
@@ -157,7 +178,7 @@ def child(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         elif way == "auto":
             stepwatch.auto()
 
-    loop = by_hand if way == "by_hand" else program
+    loop = {"by_hand": by_hand, "floor": floor_loop}.get(way, program)
     if phases:  # a whole run first, as each of auto.py's runs follows others: its imports and calibration done
         switch_on()
         loop(loader, lambda index: None)
@@ -177,7 +198,7 @@ def child(way: str, steps: int, module_calls: int, collector: str, phases: bool 
 def compiled(path: str) -> bool:
     """Whether an object file is stepwatch's compiled code (never on the stack at the marks: its self costs are
     exact in a dump taken mid-run)."""
-    return "_speedups" in path
+    return "_speedups" in path or Path(path).name.startswith("floor.")
 
 
 def count(way: str, steps: int, module_calls: int, collector: str, phases: bool = False) -> dict[str, Any]:
@@ -201,6 +222,8 @@ def count(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         ]
         env = {key: value for key, value in os.environ.items() if not key.startswith("STEPWATCH")}
         env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+        if way == "floor":
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(build_floor(scratch)), env.get("PYTHONPATH")]))
         result = subprocess.run(command, capture_output=True, text=True, env=env)
         dumps = [Path(f"{out}.{index}") for index in range(1, (len(PHASES) if phases else 1) + 1)]
         if result.returncode or not all(dump.exists() for dump in dumps):
@@ -223,6 +246,25 @@ def count(way: str, steps: int, module_calls: int, collector: str, phases: bool 
             for name, costs in per_function.items()
         },
     }
+
+
+def build_floor(directory: str) -> Path:
+    """Compiles ``benchmarks/floor/floor.c`` (the floor: the same loop timed by the least C that times it) into
+    ``directory``, with the flags stepwatch's own module is built with; the directory to import it from."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    command = [
+        *shlex.split(sysconfig.get_config_var("LDSHARED")),
+        "-O2",
+        "-DNDEBUG",
+        "-fPIC",
+        "-I",
+        sysconfig.get_paths()["include"],
+        str(Path(__file__).resolve().parent / "floor" / "floor.c"),
+        "-o",
+        str(Path(directory, "floor" + suffix)),
+    ]
+    subprocess.run(command, check=True, capture_output=True)
+    return Path(directory)
 
 
 def added_by_function(way: dict[str, Any], plain: dict[str, Any], top: int) -> list[dict[str, Any]]:
@@ -275,10 +317,17 @@ def main() -> None:
         metavar="N",
         help="also list, for each way, the N functions whose misses a step differ most from the plain loop's",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="count a fourth way: by hand's loop timed by benchmarks/floor/floor.c, the least C that times it",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.module_calls < 4:
         parser.error("--module-calls: at least 4 (the Sequential, a Linear, the sweep and the loss)")
+    if args.floor and args.phases:
+        parser.error("--floor: for the steady steps' count (not with --phases)")
     if args.functions < 0 or (args.functions and args.phases):
         parser.error("--functions: a count of 0 or more, for the steady steps' count (not with --phases)")
     if args.child:
@@ -287,9 +336,10 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         sys.exit("footprint.py: needs valgrind on PATH (apt-get install valgrind)")
+    ways = (*WAYS, "floor") if args.floor else WAYS
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        counts = pool.map(lambda way: count(way, args.steps, args.module_calls, args.collector, args.phases), WAYS)
-        counted = dict(zip(WAYS, counts, strict=True))
+        counts = pool.map(lambda way: count(way, args.steps, args.module_calls, args.collector, args.phases), ways)
+        counted = dict(zip(ways, counts, strict=True))
     args.out = args.out or RESULTS / ("footprint_phases.json" if args.phases else "footprint.json")
     if args.phases:
         report_phases(counted, args)
@@ -297,7 +347,7 @@ def main() -> None:
     plain = counted["plain"]
     table = {}
     print(f"{'way':8s} {'lines a step':>12s} {'of them in C':>12s} {'instructions':>13s} {'of them in C':>12s}")
-    for way in WAYS[1:]:
+    for way in ways[1:]:
         runs = counted[way]
         table[way] = {
             "added_lines_per_step": runs["misses"] - plain["misses"],
@@ -311,7 +361,7 @@ def main() -> None:
             f"{way:8s} {row['added_lines_per_step']:12.0f} {row['lines_in_stepwatch_compiled_code']:12.0f}"
             f" {row['added_instructions_per_step']:13.0f} {row['instructions_in_stepwatch_compiled_code']:12.0f}"
         )
-    functions = {way: added_by_function(counted[way], plain, args.functions) for way in WAYS[1:] if args.functions}
+    functions = {way: added_by_function(counted[way], plain, args.functions) for way in ways[1:] if args.functions}
     for way, rows in functions.items():
         print(f"\n{way}: the {len(rows)} functions that add or save the most lines a step")
         print(f"{'lines':>8s} {'code':>7s} {'data':>7s}  function")
