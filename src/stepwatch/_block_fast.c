@@ -5,7 +5,8 @@
  * functions, with every case inlined, are 672 and 1,290 bytes, which the block fetched whole at each call
  * (benchmarks/footprint.py). Here the common case (measuring, the default clock, the thread's stack the one
  * cached, the frame on top this block's, its stage's buffer a plain list with room) makes the same reads and
- * writes in the same order, with borrowed references and no calls but the clock, the int conversions, the
+ * writes in the same order (but the children's dictionary, not read where its own frame's node is known to be
+ * current: ``child_of``), with borrowed references and no calls but the clock, the int conversions, the
  * dictionary read and the tuple; the first condition that does not hold hands the call, before anything was
  * written, to the general function, which reads everything again (but the clock: an exit's end is the one read
  * here, so that a fold or an unwind does not lengthen the block it closes).
