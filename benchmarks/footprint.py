@@ -196,8 +196,8 @@ def child(way: str, steps: int, module_calls: int, collector: str, phases: bool 
 
 
 def compiled(path: str) -> bool:
-    """Whether an object file is stepwatch's compiled code (never on the stack at the marks: its self costs are
-    exact in a dump taken mid-run)."""
+    """Whether an object file is stepwatch's compiled code, or the floor's (never on the stack at the marks: its
+    self costs are exact in a dump taken mid-run)."""
     return "_speedups" in path or Path(path).name.startswith("floor.")
 
 
@@ -250,7 +250,9 @@ def count(way: str, steps: int, module_calls: int, collector: str, phases: bool 
 
 def build_floor(directory: str) -> Path:
     """Compiles ``benchmarks/floor/floor.c`` (the floor: the same loop timed by the least C that times it) into
-    ``directory``, with the flags stepwatch's own module is built with; the directory to import it from."""
+    ``directory`` as setuptools compiles an extension (stepwatch's own module adds ``-fno-plt`` on Linux, which
+    the floor does without: each of its calls into libpython may fetch one line more); the directory to import
+    it from."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     command = [
         *shlex.split(sysconfig.get_config_var("LDSHARED")),
@@ -263,7 +265,9 @@ def build_floor(directory: str) -> Path:
         "-o",
         str(Path(directory, "floor" + suffix)),
     ]
-    subprocess.run(command, check=True, capture_output=True)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"footprint.py: benchmarks/floor/floor.c did not build:\n{result.stderr[-2000:]}")
     return Path(directory)
 
 
