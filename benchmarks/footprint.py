@@ -130,37 +130,26 @@ def child(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         sweep()  # inside backward
         return grad
 
-    def by_hand(batches: Any, after_step: Any) -> None:
-        for index, (x, y) in enumerate(stepwatch.watch(batches)):
-            with stepwatch.timed("forward"):
-                out = model(x)
-            out.register_hook(swept_gradient)
-            with stepwatch.timed("loss"):
-                loss = criterion(out, y)
-            with stepwatch.timed("backward"):
-                loss.backward()
-            with stepwatch.timed("optimizer"):
-                optimizer.step()
-            with stepwatch.timed("zero_grad"):
-                optimizer.zero_grad()
-            after_step(index)
+    def hand_written(timer: Any) -> Any:
+        """By hand's loop (``watch`` + 5 ``timed``) timed by ``timer``: stepwatch, or for ``--floor``
+        ``benchmarks/floor/floor.c``, the two in one shape so that only the timing differs."""
 
-    def floor_loop(batches: Any, after_step: Any) -> None:  # by hand's loop timed by benchmarks/floor/floor.c
-        import floor
+        def loop(batches: Any, after_step: Any) -> None:
+            for index, (x, y) in enumerate(timer.watch(batches)):
+                with timer.timed("forward"):
+                    out = model(x)
+                out.register_hook(swept_gradient)
+                with timer.timed("loss"):
+                    loss = criterion(out, y)
+                with timer.timed("backward"):
+                    loss.backward()
+                with timer.timed("optimizer"):
+                    optimizer.step()
+                with timer.timed("zero_grad"):
+                    optimizer.zero_grad()
+                after_step(index)
 
-        for index, (x, y) in enumerate(floor.watch(batches)):
-            with floor.timed("forward"):
-                out = model(x)
-            out.register_hook(swept_gradient)
-            with floor.timed("loss"):
-                loss = criterion(out, y)
-            with floor.timed("backward"):
-                loss.backward()
-            with floor.timed("optimizer"):
-                optimizer.step()
-            with floor.timed("zero_grad"):
-                optimizer.zero_grad()
-            after_step(index)
+        return loop
 
     def program(batches: Any, after_step: Any) -> None:  # the plain loop, and what auto() patches
         for index, (x, y) in enumerate(batches):
@@ -178,7 +167,12 @@ def child(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         elif way == "auto":
             stepwatch.auto()
 
-    loop = {"by_hand": by_hand, "floor": floor_loop}.get(way, program)
+    if way == "floor":
+        import floor  # built by build_floor, on the child's path
+
+        loop = hand_written(floor)
+    else:
+        loop = hand_written(stepwatch) if way == "by_hand" else program
     if phases:  # a whole run first, as each of auto.py's runs follows others: its imports and calibration done
         switch_on()
         loop(loader, lambda index: None)
