@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 
 # the C speedups, rebuilt in place when their source changes (the install builds them too); where they cannot
 # be built, stepwatch runs its pure-Python blocks and this says why
-$(SPEEDUPS): $(STAMP) src/stepwatch/_speedups.c src/stepwatch/_block_fast.c src/stepwatch/_auto_state.c src/stepwatch/_auto_calls.c src/stepwatch/_auto_fast.c src/stepwatch/_auto_steps.c src/stepwatch/_counts.c src/stepwatch/_ints.c src/stepwatch/_slots.c src/stepwatch/_boundary.c src/stepwatch/_steady.c src/stepwatch/_frames.c src/stepwatch/_bound.c src/stepwatch/_lookup.c src/stepwatch/_counter.c src/stepwatch/_reads.c src/stepwatch/_fetch.c src/stepwatch/_fold.c src/stepwatch/_class_attrs.c src/stepwatch/_direct_loop.c hatch_build.py
+$(SPEEDUPS): $(STAMP) $(wildcard src/stepwatch/*.c) hatch_build.py
 	-$(BIN)/python hatch_build.py
 	touch $(SPEEDUPS)
 

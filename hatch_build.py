@@ -24,9 +24,17 @@ ROOT = Path(__file__).resolve().parent
 SOURCE = ROOT / "src" / "stepwatch" / "_speedups.c"
 
 
-COMPILE_FLAGS = ["-O2", "-DNDEBUG", "-fPIC", *(["-fno-plt"] if sys.platform.startswith("linux") else [])]
-"""As setuptools compiles an extension (``-DNDEBUG``: the Python headers' assertions out of the hot paths), and on
-Linux ``-fno-plt``: each call into libpython goes through its address in the module's table at once, not through
+COMPILE_FLAGS = [
+    "-O2",
+    "-DNDEBUG",
+    "-fPIC",
+    "-falign-functions=64",
+    *(["-fno-plt"] if sys.platform.startswith("linux") else []),
+]
+"""As setuptools compiles an extension (``-DNDEBUG``: the Python headers' assertions out of the hot paths), each
+function starting a cache line (in a cold step a path fetches the fewest lines of code where its function does not
+start in the middle of one: 21 fewer a step by hand, benchmarks/footprint.py), and on Linux ``-fno-plt``: each call
+into libpython not redirected by ``_linked.c`` goes through its address in the module's table at once, not through
 a stub of code as well, one cache line fewer fetched per function called in a cold step (docs/overhead.md)."""
 
 

@@ -39,12 +39,6 @@ static const char *const slot_text[SLOTS] = {
 };
 static PyObject *slot_names[SLOTS]; /* interned, read where a slot is read by name (another type, or not set) */
 
-#if defined(__GNUC__)
-#define LINE_ALIGNED __attribute__((aligned(64)))
-#else
-#define LINE_ALIGNED
-#endif
-
 /* A class remembered with its version tag: one changed since (its class dictionary or a base's), or another class
  * at its address, has another tag, so a remembered finding about the class still holds while the two match. */
 typedef struct {

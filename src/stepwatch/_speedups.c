@@ -19,6 +19,8 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "_linked.c"
+
 /* A block's fields, those a ``with`` reads first: with the header they fill 64 bytes, and the object, padded to 112
  * bytes (128 with the collector's header, a size the allocator places on a 64-byte boundary), has them on one cache
  * line, fetched cold once a block in a real step (benchmarks/footprint.py). */
@@ -467,6 +469,7 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
+    linked_ready();
     struct {
         PyObject **slot;
         const char *text;
