@@ -12,17 +12,13 @@
  * here, so that a fold or an unwind does not lengthen the block it closes).
  */
 
-/* This thread's stack when ``thread_stack`` has it cached for ``stacks``' local (borrowed), or NULL (no error):
+/* This thread's stack where ``thread_stack`` has found it for ``stacks``' local (borrowed), or NULL (no error):
  * ``stacks`` is a ThreadStacks. */
 static inline PyObject *
 cached_thread_stack(PyObject *stacks)
 {
     PyObject *local = SLOT_IN_PLACE(stacks, SLOT_LOCAL);
-    if (local == NULL || local != hot_state.cached_local) {
-        return NULL;
-    }
-    PyObject *thread = PyThreadState_GetDict(); /* borrowed; NULL without an exception */
-    return thread != NULL && thread == hot_state.cached_thread ? hot_state.cached_stack : NULL;
+    return local == NULL ? NULL : found_stack(local);
 }
 
 /* ``list.append(item)`` where the list has room (checked by the caller): the reference to ``item`` is taken. */

@@ -44,16 +44,14 @@ configure_counts(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
 static PyObject *
 thread_values(PyObject *local)
 {
-    int cacheable = local == hot_state.cached_local && hot_state.cached_thread != NULL &&
-                    PyThreadState_GetDict() == hot_state.cached_thread;
-    if (cacheable && hot_state.cached_values != NULL) {
-        Py_INCREF(hot_state.cached_values);
-        return hot_state.cached_values;
-    }
-    PyObject *values = PyObject_GetAttr(local, s_dict);
-    if (values != NULL && cacheable) {
+    PyObject *values = found_values(local);
+    if (values != NULL) {
         Py_INCREF(values);
-        Py_XSETREF(hot_state.cached_values, values);
+        return values;
+    }
+    values = PyObject_GetAttr(local, s_dict);
+    if (values != NULL) {
+        keep_values(local, values);
     }
     return values;
 }

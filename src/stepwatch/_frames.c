@@ -1,68 +1,6 @@
-/* The thread's stack of open frames, the clock, a frame's items, a stage's buffer and a block's node: what every
+/* The clock, a frame's items, a stage's buffer and a block's node: what every
  * C hot path of stepwatch reads and writes (included by _speedups.c, after the names and the slots it uses).
  */
-
-/* The last stack found (``hot_state.cached_stack``), and what it was found for: a ``stacks.local`` object and a thread
- * (its state's dictionary). Both are held, so that neither can be freed and another object take its address
- * while cached: a switch replaces ``stacks.local`` (a new object, so a miss), and a thread that ends leaves its
- * dictionary here, never to be matched by a new thread's. A thread-local's attribute costs about 450 instructions
- * to read; this check, a few. ``hot_state.cached_values`` is the local's ``__dict__`` for that thread, once read
- * (count()). */
-
-static PyObject *thread_stack_found(PyObject *stacks, PyObject *local, PyObject *thread);
-
-/* This thread's stack of open frames: ``stacks.local.stack``, made by ``stacks.thread_stack()`` on first use. */
-static PyObject *
-thread_stack(PyObject *stacks)
-{
-    PyObject *local = slot_get(stacks, SLOT_LOCAL);
-    if (UNLIKELY(local == NULL)) {
-        return NULL;
-    }
-    PyObject *thread = PyThreadState_GetDict(); /* borrowed */
-    if (local == hot_state.cached_local && thread == hot_state.cached_thread && thread != NULL) {
-        Py_DECREF(local);
-        Py_INCREF(hot_state.cached_stack);
-        return hot_state.cached_stack;
-    }
-    return thread_stack_found(stacks, local, thread);
-}
-
-/* ``thread_stack``'s miss: the stack read from the thread-local (or made), and cached. ``local`` is handed over. */
-static COLD PyObject *
-thread_stack_found(PyObject *stacks, PyObject *local, PyObject *thread)
-{
-    PyObject *stack = PyObject_GetAttr(local, s_stack);
-    if (stack == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            Py_DECREF(local);
-            return NULL;
-        }
-        PyErr_Clear();
-        stack = PyObject_CallMethodNoArgs(stacks, s_thread_stack);
-    }
-    if (stack != NULL && !PyList_Check(stack)) {
-        PyErr_SetString(PyExc_TypeError, "stepwatch: a thread's stack must be a list");
-        Py_CLEAR(stack);
-    }
-    if (stack == NULL || thread == NULL) {
-        Py_DECREF(local);
-        return stack;
-    }
-    PyObject *old_local = hot_state.cached_local, *old_thread = hot_state.cached_thread;
-    PyObject *old_stack = hot_state.cached_stack, *old_values = hot_state.cached_values;
-    hot_state.cached_values = NULL; /* the local's values for this thread: read again on next use */
-    hot_state.cached_local = local; /* the reference taken above */
-    Py_INCREF(thread);
-    hot_state.cached_thread = thread;
-    Py_INCREF(stack);
-    hot_state.cached_stack = stack;
-    Py_XDECREF(old_local); /* last: freeing them may run Python code */
-    Py_XDECREF(old_thread);
-    Py_XDECREF(old_stack);
-    Py_XDECREF(old_values);
-    return stack;
-}
 
 /* The default clock, ``time.perf_counter_ns``, is CLOCK_MONOTONIC on Linux, read here directly as a C integer
  * (1); 0 where the clock is another, which is called (``read_clock``). In a real step, where stepwatch is out of

@@ -22,7 +22,6 @@ static struct {
     PyTypeObject *list_type, *tuple_type, *long_type, *dict_type;
     int (*read_clock)(clockid_t, struct timespec *);
     /* a block's exit, the step boundary, the loader's batch */
-    PyObject *(*thread_dict)(void);
     PyObject *(*long_from_long_long)(long long);
     PyObject *(*dict_get_item)(PyObject *, PyObject *);
     PyObject *(*error_occurred)(void);
@@ -48,7 +47,6 @@ linked_ready(void)
     linked.long_type = &PyLong_Type;
     linked.dict_type = &PyDict_Type;
     linked.read_clock = clock_gettime;
-    linked.thread_dict = PyThreadState_GetDict;
     linked.long_from_long_long = PyLong_FromLongLong;
     linked.dict_get_item = PyDict_GetItemWithError;
     linked.error_occurred = PyErr_Occurred;
@@ -74,7 +72,6 @@ linked_ready(void)
 #define PyDict_Type (*linked.dict_type)
 #define PyUnicode_Type (*linked.unicode_type)
 #define clock_gettime (*linked.read_clock)
-#define PyThreadState_GetDict (*linked.thread_dict)
 #define PyLong_FromLongLong (*linked.long_from_long_long)
 #define PyDict_GetItemWithError (*linked.dict_get_item)
 #define PyErr_Occurred (*linked.error_occurred)

@@ -49,15 +49,15 @@ typedef struct {
 /* What the module's hot paths read of its own state, on three cache lines. Each static variable of its own lay on a
  * line of its own more often than not (the linker places them by name and kind, not by use): a block's exit read
  * five such lines, each cold in a real step (benchmarks/footprint.py). The first line is where the slots are (the
- * classes, held, and the offsets: an object slot's offset is small; in the room left, the last block class's tag); the second, the default clock, the thread's
- * stack last found (_frames.c), the loops' frame owner, the int 1 and the fold size; the third, what auto()'s
+ * classes, held, and the offsets: an object slot's offset is small; in the room left, the last block class's tag); the second, the default clock, the
+ * generation of what threads found (_threads.c), the loops' frame owner, the int 1 and the fold size; the third, what auto()'s
  * wrappers read at every call (_auto_calls.c, _auto_fast.c, _auto_state.c). */
 static struct {
     PyTypeObject *types[SLOT_OWNERS]; /* NULL before configure_slots() */
     unsigned char offsets[SLOTS]; /* (a slot's offset is 16 + 8 per slot before it: small) */
     unsigned int block_version; /* the version tag of the last class found to be a BlockBase (_bound.c), or 0 */
     PyObject *perf_counter_ns;                                          /* time.perf_counter_ns */
-    PyObject *cached_local, *cached_thread, *cached_stack, *cached_values; /* _frames.c */
+    unsigned long long threads_generation; /* renewed as a thread's hold dies (_threads.c): never 0 */
     PyObject *loop_owner; /* stepwatch._tree.LOOP: the owner of a timed loop's frames */
     PyObject *one;        /* the int 1 (made by slots_ready) */
     Py_ssize_t fold_at;   /* set by configure() to stepwatch._constants.FOLD */
@@ -66,7 +66,7 @@ static struct {
     KnownClass base_methods;             /* the last class found to run BlockBase's own methods (runs_base_methods) */
     KnownClass dict_attrs;               /* the last class found to keep ``training`` in its instances' dictionary */
     int ident_in_thread_state;           /* the thread state's ``thread_id`` is ``get_ident()`` (checked once) */
-} hot_state LINE_ALIGNED = {.fold_at = 1024};
+} hot_state LINE_ALIGNED = {.fold_at = 1024, .threads_generation = 1};
 
 /* Whether ``type`` is the class ``known`` remembers, unchanged since: 1 or 0. From Python 3.11 a change to a class
  * sets its version tag to 0, never a valid tag (what ``remember_class`` keeps), so the tag alone says it: one line of

@@ -72,6 +72,7 @@ static PyObject *s_stacks, *s_stack, *s_tree, *s_add_child,
 
 #include "_ints.c"
 #include "_slots.c"
+#include "_threads.c"
 
 #include "_frames.c"
 
@@ -484,7 +485,7 @@ PyInit__speedups(void)
             return NULL;
         }
     }
-    if (block_methods_ready() < 0 || counts_ready() < 0 || slots_ready() < 0 || reads_ready() < 0 || auto_calls_ready() < 0 ||
+    if (threads_ready() < 0 || block_methods_ready() < 0 || counts_ready() < 0 || slots_ready() < 0 || reads_ready() < 0 || auto_calls_ready() < 0 ||
         auto_steps_ready() < 0) {
         return NULL;
     }
