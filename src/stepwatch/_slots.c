@@ -49,9 +49,10 @@ typedef struct {
 /* What the module's hot paths read of its own state, on three cache lines. Each static variable of its own lay on a
  * line of its own more often than not (the linker places them by name and kind, not by use): a block's exit read
  * five such lines, each cold in a real step (benchmarks/footprint.py). The first line is where the slots are (the
- * classes, held, and the offsets: an object slot's offset is small; in the room left, the last block class's tag); the second, the default clock, the
- * generation of what threads found (_threads.c), the loops' frame owner, the int 1 and the fold size; the third, what auto()'s
- * wrappers read at every call (_auto_calls.c, _auto_fast.c, _auto_state.c). */
+ * classes, held, and the offsets: an object slot's offset is small; in the room left, the last block class's
+ * tag); the second, the default clock, the generation of what threads found (_threads.c), the loops' frame owner,
+ * the int 1 and the fold size; the third, what auto()'s wrappers read at every call (_auto_calls.c, _auto_fast.c,
+ * _auto_state.c). */
 static struct {
     PyTypeObject *types[SLOT_OWNERS]; /* NULL before configure_slots() */
     unsigned char offsets[SLOTS]; /* (a slot's offset is 16 + 8 per slot before it: small) */
