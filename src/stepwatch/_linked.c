@@ -3,8 +3,9 @@
  * follows).
  *
  * A shared library reads each such address from its global offset table, where the linker places the entries in
- * an order of its own: a block's exit read nine of its lines, a block's entry nine, the loop's step boundary
- * eight, each cold in a real step, where the model's work between two stages evicts them (benchmarks/footprint.py).
+ * an order of its own over fourteen lines: a block's exit read entries on nine of them, a block's entry on nine, the
+ * loop's step boundary on nine, each cold in a real step, where the model's work between two stages evicts them
+ * (benchmarks/footprint.py: -34 data lines a step in ``block_exit`` alone once read from here).
  * Read here instead, they come from the lines of ``linked``, ordered by use: the first holds what a block's entry
  * and exit read. ``linked_ready()`` fills it from the real names, first thing when the module is imported; each
  * name is then redefined to read it from ``linked``, so that the code below is written as usual.
