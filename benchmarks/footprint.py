@@ -246,8 +246,7 @@ def build_floor(directory: str) -> Path:
     """Compiles ``benchmarks/floor/floor.c`` (the floor: the same loop timed by the least C that times it) into
     ``directory`` as setuptools compiles an extension (stepwatch's own module adds ``-fno-plt`` on Linux and
     line-aligned functions, which the floor does without: each of its calls into libpython may fetch one line
-    more); the directory to import
-    it from."""
+    more); the directory to import it from."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     command = [
         *shlex.split(sysconfig.get_config_var("LDSHARED")),

@@ -485,8 +485,8 @@ PyInit__speedups(void)
             return NULL;
         }
     }
-    if (threads_ready() < 0 || block_methods_ready() < 0 || counts_ready() < 0 || slots_ready() < 0 || reads_ready() < 0 || auto_calls_ready() < 0 ||
-        auto_steps_ready() < 0) {
+    if (threads_ready() < 0 || block_methods_ready() < 0 || counts_ready() < 0 || slots_ready() < 0 ||
+        reads_ready() < 0 || auto_calls_ready() < 0 || auto_steps_ready() < 0) {
         return NULL;
     }
     ident_ready();
