@@ -89,13 +89,34 @@ class BusyReads(Dataset[torch.Tensor]):
 
 def test_cpu_bound_reads_and_step_are_not_sent_past_the_point_where_the_step_stops_improving() -> None:
     """On 2 cores, reads that compute (4 x 1 ms a batch) beside a 4 ms step: workers help until they compete with
-    the step for the cores; the search stops two settings past its best, and the best is never slower than
-    anything measured beyond the noise."""
+    the step for the cores; the climb in workers stops two settings past the best it has seen (the best by the
+    climb's own trials: the confirmations after it may pool another best, and a loaded machine moves where the
+    climb's best lies), never past twice the cores and two; and the best is never slower than anything measured
+    beyond the noise."""
     cores = os.cpu_count() or 1
     loader = DataLoader(BusyReads(4000, 0.001), batch_size=4, num_workers=0)
     tuning = stepwatch.tune(loader, step=busy_step(0.004), steps=15)
+    climb = [tuning.trials[0]]  # the original, then one plain setting a trial, each with more workers
+    for trial in tuning.trials[1:]:
+        if (
+            trial.setting != Setting(trial.setting.num_workers)
+            or trial.setting.num_workers <= climb[-1].setting.num_workers
+        ):
+            break
+        climb.append(trial)
+    climb_best = climb[0]
+    for trial in climb[1:]:  # faster beyond the noise of either: what the climb counts as a gain
+        if climb_best.per_step - trial.per_step > max(trial.noise, climb_best.noise):
+            climb_best = trial
+    past_best = [
+        trial.setting.num_workers for trial in climb if trial.setting.num_workers > climb_best.setting.num_workers
+    ]
     tried = sorted({trial.setting.num_workers for trial in tuning.trials})
-    assert max(tried) <= max(cores, tuning.best.num_workers + 2) + 1, (tried, tuning.render())
+    assert len(past_best) <= 2 and max(tried) == climb[-1].setting.num_workers <= 2 * cores + 2, (
+        tried,
+        past_best,
+        tuning.render(),
+    )
     best = tuning.of(tuning.best)
     for setting in {trial.setting for trial in tuning.trials}:
         other = tuning.of(setting)
