@@ -1,4 +1,5 @@
-"""Self costs read from a callgrind dump, summed by function (for ``footprint.py``; not a test).
+"""Self costs read from a callgrind dump, summed by function, calls to one function counted, and two ways' costs
+compared by function (for ``footprint.py``; not a test).
 
 A dump lists, under each function (``fn=``, within its object file ``ob=``), the costs of its own lines, then
 for each call it makes a ``calls=`` line followed by the callee's inclusive cost, which is left out here: what is
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from typing import Any
 
 Costs = dict[str, int]
 NAME = re.compile(r"(c?(?:ob|fn))=(?:\((\d+)\))?(?: ?(.*))?")
@@ -53,3 +55,43 @@ def self_costs(text: str) -> tuple[Costs, dict[str, Costs]]:
             for event, value in zip(names, line.split()[1:], strict=False):
                 cost[event] += int(value)
     return totals, dict(costs)
+
+
+def calls_to(text: str, function: str) -> int:
+    """How many times the dump's functions called ``function`` (by its name, as ``fn=`` gives it): the sum of the
+    ``calls=`` lines under each ``cfn=`` naming it. A function's names are one table for ``fn=`` and ``cfn=``."""
+    names: dict[str, str] = {}
+    total, callee = 0, None
+    for line in text.splitlines():
+        if line.startswith(("fn=", "cfn=")):
+            match = NAME.match(line)
+            if match is None:
+                continue
+            compressed, name = match.group(2), match.group(3)
+            if compressed is not None:
+                name = names.setdefault(compressed, name) if name else names.get(compressed)
+            callee = name if match.group(1) == "cfn" else None
+        elif line.startswith("calls=") and callee == function:
+            total += int(line.split()[0].removeprefix("calls="))
+    return total
+
+
+def added_by_function(way: dict[str, Any], plain: dict[str, Any], top: int) -> list[dict[str, Any]]:
+    """The ``top`` functions whose misses a step differ most between a way and the plain loop: lines of code and
+    of data each (self costs; a function the plain loop did not run counts whole). stepwatch's compiled
+    functions are exact; the interpreter's and the libraries' move with the heap's layout, by a few lines each
+    between two processes, and their sum by about 50 lines a step."""
+    rows = []
+    for name in way["functions"].keys() | plain["functions"].keys():
+        code, data = way["functions"].get(name, (0.0, 0.0))
+        plain_code, plain_data = plain["functions"].get(name, (0.0, 0.0))
+        code, data = code - plain_code, data - plain_data
+        rows.append(
+            {
+                "function": name,
+                "lines": round(code + data, 1),
+                "code_lines": round(code, 1),
+                "data_lines": round(data, 1),
+            }
+        )
+    return sorted(rows, key=lambda row: -abs(row["lines"]))[:top]

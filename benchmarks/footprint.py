@@ -16,7 +16,8 @@ costs), and which move with where the allocator put things. The model is a Linea
 step); ``--module-calls N`` gives it Linear and ReLU layers in turn, to count a larger model where the wall clock
 cannot resolve it, and ``--collector paused`` keeps Python's collections out of the count. ``--functions N`` lists,
 for each way, the N functions whose misses a step differ most from the plain loop's, code and data apart (where
-a step's lines go; ``callgrind_dump.py`` reads the dumps). ``--floor`` counts a fourth way: by hand's loop timed
+a step's lines go; ``callgrind_dump.py`` reads the dumps), and each way counts the pools pymalloc made ready a
+step (:data:`POOL_MADE`). ``--floor`` counts a fourth way: by hand's loop timed
 by ``floor/floor.c``, the least C that times it (its own C given as "in C"), what the ``with`` statement, the call
 and the clock cost without stepwatch. Takes about five minutes on two cores; writes
 ``benchmarks/results/footprint.json`` (or ``--out``).
@@ -39,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from callgrind_dump import self_costs  # this script's folder, first on sys.path
+from callgrind_dump import added_by_function, calls_to, self_costs  # this script's folder, first on sys.path
 
 from stepwatch._self_cost import IN_SITU
 
@@ -52,6 +53,11 @@ place (:data:`~stepwatch._self_cost.IN_SITU` steps from the third), whose steps 
 SWEEP_BYTES = 4 << 20
 LAST_LEVEL = "--LL=2097152,16,64"
 MISSES = ("ILmr", "DLmr", "DLmw")
+POOL_MADE = "allocate_from_new_pool"
+"""pymalloc's function that takes a free pool and makes it ready, where no pool of the size asked for has room:
+counted a step, since a heap the warm-up leaves otherwise makes the step's own short-lived objects each take a
+pool again (about 4 lines each; under Valgrind by hand's process made 16 a step where the plain one made none,
+and natively 2: ``docs/overhead.md``)."""
 PHASES = ("switched on", "step 0", "steps 1-2", f"steps 3-{IN_SITU + 2}", f"steps {IN_SITU + 3}-{WARM_STEPS - 1}")
 """What ``--phases`` counts apart, a dump each: ``enable()`` or ``auto()`` itself, the loop's first step (its
 setup), ``auto()``'s learning steps, the steps on which stepwatch measures its own cost, and the steady steps
@@ -225,7 +231,9 @@ def count(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         if phases:
             counts = [self_costs(dump.read_text())[0] for dump in dumps]
             return {"instructions": [c["Ir"] for c in counts], "misses": [sum(c[n] for n in MISSES) for c in counts]}
-        totals, per_function = self_costs(dumps[0].read_text())
+        text = dumps[0].read_text()
+        totals, per_function = self_costs(text)
+        pools_made = calls_to(text, POOL_MADE)
     in_compiled = [costs for name, costs in per_function.items() if compiled(name.split(":", 1)[0])]
     missed_in_compiled = sum(costs[name] for costs in in_compiled for name in MISSES)
     executed_in_compiled = sum(costs["Ir"] for costs in in_compiled)
@@ -235,6 +243,7 @@ def count(way: str, steps: int, module_calls: int, collector: str, phases: bool 
         **{name: totals[name] / steps for name in MISSES},
         "in_compiled": missed_in_compiled / steps,
         "instructions_in_compiled": executed_in_compiled / steps,
+        "pools_made": pools_made / steps,
         "functions": {
             name: (costs["ILmr"] / steps, (costs["DLmr"] + costs["DLmw"]) / steps)
             for name, costs in per_function.items()
@@ -263,27 +272,6 @@ def build_floor(directory: str) -> Path:
     if result.returncode:
         raise RuntimeError(f"footprint.py: benchmarks/floor/floor.c did not build:\n{result.stderr[-2000:]}")
     return Path(directory)
-
-
-def added_by_function(way: dict[str, Any], plain: dict[str, Any], top: int) -> list[dict[str, Any]]:
-    """The ``top`` functions whose misses a step differ most between a way and the plain loop: lines of code and
-    of data each (self costs; a function the plain loop did not run counts whole). stepwatch's compiled
-    functions are exact; the interpreter's and the libraries' move with the heap's layout, by a few lines each
-    between two processes, and their sum by about 50 lines a step."""
-    rows = []
-    for name in way["functions"].keys() | plain["functions"].keys():
-        code, data = way["functions"].get(name, (0.0, 0.0))
-        plain_code, plain_data = plain["functions"].get(name, (0.0, 0.0))
-        code, data = code - plain_code, data - plain_data
-        rows.append(
-            {
-                "function": name,
-                "lines": round(code + data, 1),
-                "code_lines": round(code, 1),
-                "data_lines": round(data, 1),
-            }
-        )
-    return sorted(rows, key=lambda row: -abs(row["lines"]))[:top]
 
 
 def main() -> None:
@@ -353,6 +341,7 @@ def main() -> None:
             "instructions_in_stepwatch_compiled_code": runs["instructions_in_compiled"],
             "added_instructions_per_step": runs["instructions"] - plain["instructions"],
             **{f"added_{name}": runs[name] - plain[name] for name in MISSES},
+            "added_pools_made_per_step": runs["pools_made"] - plain["pools_made"],
         }
         row = table[way]
         print(
@@ -373,7 +362,11 @@ def main() -> None:
         "module_calls_per_step": args.module_calls,
         "collector": args.collector,
         "warm_steps": WARM_STEPS,
-        "plain": {"lines_per_step": plain["misses"], "instructions_per_step": plain["instructions"]},
+        "plain": {
+            "lines_per_step": plain["misses"],
+            "instructions_per_step": plain["instructions"],
+            "pools_made_per_step": plain["pools_made"],
+        },
         "added": table,
         **({"functions": functions} if functions else {}),
     }

@@ -1,6 +1,6 @@
 """The reader of callgrind dumps behind ``benchmarks/footprint.py``'s counts (stepwatch's compiled code's lines
 a step, and each function's): self costs only, compressed names resolved wherever they first appear, a
-function's recursive calls counted with it."""
+function's recursive calls counted with it; the calls to one function (pymalloc's pools made ready) counted."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from callgrind_dump import self_costs  # a benchmark's helper, beside it
+from callgrind_dump import calls_to, self_costs  # a benchmark's helper, beside it
 
 DUMP = """# callgrind format
 version: 1
@@ -56,3 +56,28 @@ def test_self_costs_leave_out_the_calls_and_resolve_compressed_names() -> None:
 def test_a_dump_without_its_events_or_summary_is_refused() -> None:
     with pytest.raises(RuntimeError, match="no events or summary"):
         self_costs("# callgrind format\nfn=(1) f\n0 1\n")
+
+
+def test_calls_to_a_function_are_summed_under_each_call_site_by_its_compressed_name() -> None:
+    """A callee named once (``cfn=(2) name``) and then by its number alone, from two callers, one of them named as
+    a callee first; a function of the same name never called, and another callee's calls, are not counted."""
+    dump = """events: Ir
+summary: 10
+fn=(1) step
+cfn=(2) allocate_from_new_pool
+calls=3 0
+5 40
+cfn=(3) other
+calls=7 0
+5 9
+fn=(4) collate
+cfn=(2)
+calls=2 0
+1 20
+fn=(2)
+0 30
+"""
+    assert calls_to(dump, "allocate_from_new_pool") == 5
+    assert calls_to(dump, "other") == 7
+    assert calls_to(dump, "step") == 0
+    assert calls_to(DUMP, "block_exit") == 3  # the shared dump: its one call site
