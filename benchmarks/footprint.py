@@ -332,7 +332,10 @@ def main() -> None:
         return
     plain = counted["plain"]
     table = {}
-    print(f"{'way':8s} {'lines a step':>12s} {'of them in C':>12s} {'instructions':>13s} {'of them in C':>12s}")
+    print(
+        f"{'way':8s} {'lines a step':>12s} {'of them in C':>12s} {'instructions':>13s} {'of them in C':>12s}"
+        f" {'pools made':>10s}"
+    )
     for way in ways[1:]:
         runs = counted[way]
         table[way] = {
@@ -347,6 +350,7 @@ def main() -> None:
         print(
             f"{way:8s} {row['added_lines_per_step']:12.0f} {row['lines_in_stepwatch_compiled_code']:12.0f}"
             f" {row['added_instructions_per_step']:13.0f} {row['instructions_in_stepwatch_compiled_code']:12.0f}"
+            f" {row['added_pools_made_per_step']:10.1f}"
         )
     functions = {way: added_by_function(counted[way], plain, args.functions) for way in ways[1:] if args.functions}
     for way, rows in functions.items():
