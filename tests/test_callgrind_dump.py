@@ -59,8 +59,8 @@ def test_a_dump_without_its_events_or_summary_is_refused() -> None:
 
 
 def test_calls_to_a_function_are_summed_under_each_call_site_by_its_compressed_name() -> None:
-    """A callee named once (``cfn=(2) name``) and then by its number alone, from two callers, one of them named as
-    a callee first; a function of the same name never called, and another callee's calls, are not counted."""
+    """A callee named once (``cfn=(2) name``), then by its number alone from a second caller and for its own
+    costs: both call sites counted; a caller never called, and another callee's calls, are not."""
     dump = """events: Ir
 summary: 10
 fn=(1) step
