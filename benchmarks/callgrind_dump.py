@@ -20,6 +20,16 @@ NAME = re.compile(r"(c?(?:ob|fn))=(?:\((\d+)\))?(?: ?(.*))?")
 RECURSION = re.compile(r"'\d+$")  # callgrind's name for a function called within itself, by depth
 
 
+def resolved_name(match: re.Match[str], tables: dict[str, dict[str, str]]) -> str | None:
+    """The name a ``NAME`` line gives: its compressed number looked up in its kind's table (``ob`` or ``fn``; a
+    callee's ``cob=`` and ``cfn=`` share them), and learnt there where the line also spells it; None where the
+    number was never spelled."""
+    kind, compressed, name = match.group(1).removeprefix("c"), match.group(2), match.group(3)
+    if compressed is None:
+        return name
+    return tables[kind].setdefault(compressed, name) if name else tables[kind].get(compressed)
+
+
 def self_costs(text: str) -> tuple[Costs, dict[str, Costs]]:
     """The dump's totals (its ``summary`` line) and the self costs of each function (``object file
     name:function``, its recursive calls' costs with its own), by event (``Ir``, ``ILmr``, ...)."""
@@ -38,12 +48,10 @@ def self_costs(text: str) -> tuple[Costs, dict[str, Costs]]:
             match = NAME.match(line)
             if match is None:
                 continue
-            kind = match.group(1).removeprefix("c")
-            compressed, name = match.group(2), match.group(3)
-            if compressed is not None:
-                name = tables[kind].setdefault(compressed, name) if name else tables[kind].get(compressed, "?")
             if not match.group(1).startswith("c"):
-                current[kind] = name or "?"
+                current[match.group(1)] = resolved_name(match, tables) or "?"
+            else:
+                resolved_name(match, tables)  # a callee's name, learnt for the lines that give its number alone
         elif line.startswith("calls="):
             skip_next = True
         elif line[:1].isdigit() or line[:1] in "+-*":
@@ -60,16 +68,14 @@ def self_costs(text: str) -> tuple[Costs, dict[str, Costs]]:
 def calls_to(text: str, function: str) -> int:
     """How many times the dump's functions called ``function`` (by its name, as ``fn=`` gives it): the sum of the
     ``calls=`` lines under each ``cfn=`` naming it. A function's names are one table for ``fn=`` and ``cfn=``."""
-    names: dict[str, str] = {}
+    tables: dict[str, dict[str, str]] = {"ob": {}, "fn": {}}
     total, callee = 0, None
     for line in text.splitlines():
         if line.startswith(("fn=", "cfn=")):
             match = NAME.match(line)
             if match is None:
                 continue
-            compressed, name = match.group(2), match.group(3)
-            if compressed is not None:
-                name = names.setdefault(compressed, name) if name else names.get(compressed)
+            name = resolved_name(match, tables)
             callee = name if match.group(1) == "cfn" else None
         elif line.startswith("calls=") and callee == function:
             total += int(line.split()[0].removeprefix("calls="))
