@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import stepwatch
 from stepwatch._tune import Epochs, _settle, ready_batches, settling_batches
+from stepwatch._tune_plan import better
 from stepwatch._tuning import Setting, Tuning, load_tuning
 
 from .conftest import spin, stepwatch_command
@@ -106,7 +107,7 @@ def test_cpu_bound_reads_and_step_are_not_sent_past_the_point_where_the_step_sto
         climb.append(trial)
     climb_best = climb[0]
     for trial in climb[1:]:  # faster beyond the noise of either: what the climb counts as a gain
-        if climb_best.per_step - trial.per_step > max(trial.noise, climb_best.noise):
+        if better(trial, climb_best):
             climb_best = trial
     past_best = [
         trial.setting.num_workers for trial in climb if trial.setting.num_workers > climb_best.setting.num_workers
