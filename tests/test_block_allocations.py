@@ -182,6 +182,33 @@ def test_a_stages_buffer_doubles_up_to_the_fold_size_and_keeps_every_duration() 
     assert stages["step/inner"].calls == 3 * FOLD - 1 and stages["step"].calls == 3 * FOLD - 1, stages.keys()
 
 
+def test_the_compiled_paths_fold_at_the_configured_power_of_two_and_refuse_other_sizes() -> None:
+    """The C paths keep the fold size as its power of two, beside what a block's exit reads: a size that is not one
+    is refused, and a smaller one folds the stage's buffer there, every duration kept."""
+    if not _block_base.COMPILED:
+        pytest.fail("this machine was expected to build the compiled blocks")
+    from stepwatch import _speedups
+    from stepwatch._constants import FOLD
+
+    for wrong in (0, -8, 3, 12, FOLD - 1, FOLD + 1):
+        with pytest.raises(ValueError, match="power of two"):
+            _speedups.configure(wrong)
+    sw = Stopwatch()
+    sw.enable()
+    longest = 0
+    try:
+        _speedups.configure(8)
+        for _ in sw.timed_iter(range(200)):
+            with sw.timed("inner"):
+                pass
+            inner = sw.tree.phases["train"].root.children["step"].children.get("inner")
+            longest = max(longest, len(inner.buf) if inner is not None else 0)
+    finally:
+        _speedups.configure(FOLD)
+    assert 0 < longest < 8
+    assert sw.summary().phases["train"].stages["step/inner"].calls == 199
+
+
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="ints are rewritten in place on Python 3.11 only")
 def test_a_steady_loop_refills_its_frame_and_totals_in_place_but_never_what_the_program_holds() -> None:
     """A loop's steady steps (``SteadyLoop``) close a frame and open the next in the same tuple, its start's int

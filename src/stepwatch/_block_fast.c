@@ -181,7 +181,7 @@ block_exit(BlockObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *node = PyTuple_GET_ITEM(frame, 1);
     PyObject *buf = Py_TYPE(node) == SLOT_TYPE(SLOT_BUF) ? SLOT_IN_PLACE(node, SLOT_BUF) : NULL;
     if (buf == NULL || (!has_room(buf) && !(PyList_CheckExact(buf) && make_room(buf))) ||
-        PyList_GET_SIZE(buf) + 1 >= hot_state.fold_at) {
+        PyList_GET_SIZE(buf) + 1 >= FOLD_AT) {
         return block_exit_general(self, args, nargs, &end_ns);
     }
     long long first;

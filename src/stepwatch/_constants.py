@@ -4,7 +4,8 @@ from __future__ import annotations
 
 FOLD = 1024
 """Measurements buffered per stage before they are folded into the running statistics. The hot path compares
-a buffer's length with it on every block's exit."""
+a buffer's length with it on every block's exit; a power of two (the C paths keep its exponent, beside what an
+exit reads: ``_speedups.configure``)."""
 
 DEFAULT_PHASE = "train"
 """The phase of a loop that names none: training."""

@@ -112,8 +112,8 @@ make_room(PyObject *list)
 #else
     PyListObject *items_of = (PyListObject *)list;
     Py_ssize_t size = PyList_GET_SIZE(list), wanted = items_of->allocated < 8 ? 16 : items_of->allocated * 2;
-    if (wanted > hot_state.fold_at) {
-        wanted = hot_state.fold_at;
+    if (wanted > FOLD_AT) {
+        wanted = FOLD_AT;
     }
     if (wanted <= size || (size_t)wanted > PY_SSIZE_T_MAX / sizeof(PyObject *)) {
         return 0;
@@ -136,7 +136,7 @@ append_and_fold_slowly(PyObject *stacks, PyObject *node, PyObject *list, PyObjec
 static int
 append_and_fold(PyObject *stacks, PyObject *node, PyObject *list, PyObject *item)
 {
-    if (PyList_CheckExact(list) && PyList_GET_SIZE(list) + 1 < hot_state.fold_at) {
+    if (PyList_CheckExact(list) && PyList_GET_SIZE(list) + 1 < FOLD_AT) {
         if (PyList_GET_SIZE(list) >= ((PyListObject *)list)->allocated) {
             make_room(list);
         }
@@ -163,7 +163,7 @@ append_and_fold_slowly(PyObject *stacks, PyObject *node, PyObject *list, PyObjec
     if (size < 0) {
         return -1;
     }
-    if (size >= hot_state.fold_at) {
+    if (size >= FOLD_AT) {
         PyObject *folded = PyObject_CallMethodOneArg(stacks, s_fold, node);
         if (folded == NULL) {
             return -1;

@@ -70,8 +70,12 @@ compact_int_value(PyObject *number, long long *value)
     if (PyLong_CheckExact(number)) {
         Py_ssize_t size = Py_SIZE(number);
         const digit *digits = ((PyLongObject *)number)->ob_digit;
-        if (size == 1 || size == 2) {
-            *value = size == 1 ? (long long)digits[0] : (long long)digits[0] | ((long long)digits[1] << PyLong_SHIFT);
+        if (LIKELY(size == 2)) { /* a clock's reading in nanoseconds, more than a second after the machine's start */
+            *value = (long long)digits[0] | ((long long)digits[1] << PyLong_SHIFT);
+            return 1;
+        }
+        if (size == 1) {
+            *value = (long long)digits[0];
             return 1;
         }
         if (size == 0) {

@@ -48,26 +48,33 @@ typedef struct {
 
 /* What the module's hot paths read of its own state, on three cache lines. Each static variable of its own lay on a
  * line of its own more often than not (the linker places them by name and kind, not by use): a block's exit read
- * five such lines, each cold in a real step (benchmarks/footprint.py). The first line is where the slots are (the
- * classes, held, and the offsets: an object slot's offset is small; in the room left, the last block class's
- * tag); the second, the default clock, the generation of what threads found (_threads.c), the loops' frame owner,
- * the int 1 and the fold size; the third, what auto()'s wrappers read at every call (_auto_calls.c, _auto_fast.c,
- * _auto_state.c). */
+ * five such lines, each cold in a real step (benchmarks/footprint.py). The first line holds all that a block's
+ * entry and exit read: the slots' offsets (small: 16 + 8 per slot before), the fold size (as its power of two),
+ * the last block class's tag, the default clock, the generation of what threads found (_threads.c), and the first
+ * three classes whose slots are read (a stage's stacks, its node, a phase; where the fold size, the clock and the
+ * generation lay on a second line, each exit read one line more: -11 lines a step by hand); the second, the other
+ * two classes, the loops' frame owner and the int 1; the third, what auto()'s wrappers read at every call
+ * (_auto_calls.c, _auto_fast.c, _auto_state.c). */
 static struct {
-    PyTypeObject *types[SLOT_OWNERS]; /* NULL before configure_slots() */
     unsigned char offsets[SLOTS]; /* (a slot's offset is 16 + 8 per slot before it: small) */
+    unsigned char fold_shift;     /* a stage's buffer folds at ``1 << fold_shift`` entries (configure()) */
     unsigned int block_version; /* the version tag of the last class found to be a BlockBase (_bound.c), or 0 */
     PyObject *perf_counter_ns;                                          /* time.perf_counter_ns */
     unsigned long long threads_generation; /* renewed as a thread's hold dies (_threads.c): never 0 */
+    PyTypeObject *types[SLOT_OWNERS]; /* NULL before configure_slots() */
     PyObject *loop_owner; /* stepwatch._tree.LOOP: the owner of a timed loop's frames */
     PyObject *one;        /* the int 1 (made by slots_ready) */
-    Py_ssize_t fold_at;   /* set by configure() to stepwatch._constants.FOLD */
     PyObject *auto_session LINE_ALIGNED; /* stepwatch._patches.session (share_session()): NULL, None or the session */
     PyTypeObject *session_type;          /* held: the class of the sessions seen (an AutoState subclass) */
     KnownClass base_methods;             /* the last class found to run BlockBase's own methods (runs_base_methods) */
     KnownClass dict_attrs;               /* the last class found to keep ``training`` in its instances' dictionary */
     int ident_in_thread_state;           /* the thread state's ``thread_id`` is ``get_ident()`` (checked once) */
-} hot_state LINE_ALIGNED = {.fold_at = 1024, .threads_generation = 1};
+} hot_state LINE_ALIGNED = {.fold_shift = 10, .threads_generation = 1};
+#define FOLD_AT ((Py_ssize_t)1 << hot_state.fold_shift)
+#if defined(__GNUC__)
+_Static_assert(offsetof(__typeof__(hot_state), types) + (OF_PHASE + 1) * sizeof(PyTypeObject *) <= 64,
+               "a block's entry and exit read the hot state's first line only");
+#endif
 
 /* Whether ``type`` is the class ``known`` remembers, unchanged since: 1 or 0. From Python 3.11 a change to a class
  * sets its version tag to 0, never a valid tag (what ``remember_class`` keeps), so the tag alone says it: one line of

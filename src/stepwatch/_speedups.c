@@ -420,11 +420,15 @@ configure(PyObject *Py_UNUSED(module), PyObject *fold)
     if (value == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    if (value < 1) {
-        PyErr_SetString(PyExc_ValueError, "the fold size must be positive");
+    if (value < 1 || (value & (value - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "the fold size must be a power of two");
         return NULL;
     }
-    hot_state.fold_at = value;
+    unsigned char shift = 0;
+    while (((Py_ssize_t)1 << shift) != value) {
+        shift++;
+    }
+    hot_state.fold_shift = shift;
     Py_RETURN_NONE;
 }
 
