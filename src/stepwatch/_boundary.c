@@ -36,24 +36,24 @@ static PyObject *
 swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObject *node, PyObject *next_node,
      PyObject *phase, PyObject *clock, int ends_step, int counted, int reuses)
 {
-    if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0 ||
-        PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != frame || !PyTuple_CheckExact(frame) ||
-        PyTuple_GET_SIZE(frame) != 3 || PyTuple_GET_ITEM(frame, 1) != node) {
+    if (UNLIKELY(!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0 ||
+                 PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != frame || !PyTuple_CheckExact(frame) ||
+                 PyTuple_GET_SIZE(frame) != 3 || PyTuple_GET_ITEM(frame, 1) != node)) {
         Py_RETURN_NONE;
     }
     PyObject *current = slot_get(stacks, SLOT_LOCAL);
-    if (current == NULL) {
+    if (UNLIKELY(current == NULL)) {
         return NULL;
     }
     Py_DECREF(current); /* only compared */
-    if (current != local) {
+    if (UNLIKELY(current != local)) {
         Py_RETURN_NONE;
     }
     if (ends_step) {
         PyObject *measuring = slot_get(stacks, SLOT_MEASURING);
         int on = measuring != NULL ? PyObject_IsTrue(measuring) : -1;
         Py_XDECREF(measuring);
-        if (on <= 0) {
+        if (UNLIKELY(on <= 0)) {
             if (on < 0) {
                 return NULL;
             }
@@ -64,28 +64,28 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
     PyObject *now = NULL, *elapsed;
     long long now_ns;
     int raw = read_clock_raw(clock, &now_ns);
-    if (raw) {
+    if (LIKELY(raw)) {
         elapsed = elapsed_since(now_ns, PyTuple_GET_ITEM(frame, 2));
     }
     else {
         now = PyObject_CallNoArgs(clock);
         elapsed = now != NULL ? difference(now, PyTuple_GET_ITEM(frame, 2)) : NULL;
     }
-    if (elapsed == NULL) {
+    if (UNLIKELY(elapsed == NULL)) {
         Py_XDECREF(now);
         Py_DECREF(frame);
         return NULL;
     }
     PyObject *opened = NULL;
     Py_ssize_t size = PyList_GET_SIZE(stack);
-    if (PyList_CheckExact(stack) && size > 0 && PyList_GET_ITEM(stack, size - 1) == frame) {
+    if (LIKELY(PyList_CheckExact(stack) && size > 0 && PyList_GET_ITEM(stack, size - 1) == frame)) {
         Py_SET_SIZE(stack, size - 1); /* ``del stack[-1]``: the frame is held */
         Py_DECREF(frame);
     }
     else if (PySequence_DelItem(stack, -1) < 0) { /* the clock changed the stack: as Python's ``del`` would */
         goto done;
     }
-    if (record(stacks, node, elapsed) == 0) {
+    if (LIKELY(record(stacks, node, elapsed) == 0)) {
         int failed = slot_add(phase, SLOT_LOOP_NS, elapsed) < 0;
         if (!failed && ends_step) {
             failed = slot_increment(phase, SLOT_STEPS) < 0;
@@ -93,13 +93,14 @@ swap(PyObject *stacks, PyObject *local, PyObject *stack, PyObject *frame, PyObje
         if (!failed && counted) {
             failed = slot_increment(phase, SLOT_SCHEDULE_POS) < 0;
         }
-        if (!failed && raw && reuses && Py_REFCNT(frame) == 2 && loop_frame_refilled(frame, next_node, now_ns)) {
+        if (LIKELY(!failed && raw && reuses && Py_REFCNT(frame) == 2 &&
+                   loop_frame_refilled(frame, next_node, now_ns))) {
             opened = Py_NewRef(frame);
         }
         else if (!failed && (now != NULL || (now = PyLong_FromLongLong(now_ns)) != NULL)) {
             opened = PyTuple_Pack(3, hot_state.loop_owner, next_node, now);
         }
-        if (opened != NULL && PyList_Append(stack, opened) < 0) {
+        if (UNLIKELY(opened != NULL && PyList_Append(stack, opened) < 0)) {
             Py_CLEAR(opened);
         }
     }

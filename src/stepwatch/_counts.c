@@ -292,13 +292,14 @@ batch_counted(PyObject *stacks, PyObject *phase, PyObject *size)
     PyObject *first = measuring == Py_True ? slot_get(phase, SLOT_IN_FIRST_STEP) : NULL;
     PyObject *writers = first == Py_False ? slot_get(phase, SLOT_COUNTING) : NULL;
     int done;
-    if (measuring == NULL || (measuring == Py_True && first == NULL) || (first == Py_False && writers == NULL)) {
+    if (UNLIKELY(measuring == NULL || (measuring == Py_True && first == NULL) ||
+                 (first == Py_False && writers == NULL))) {
         done = -1;
     }
-    else if (measuring != Py_True || first != Py_False) {
+    else if (UNLIKELY(measuring != Py_True || first != Py_False)) {
         done = PyObject_IsTrue(measuring) < 0 ? -1 : 1; /* not measuring, or the first step: not counted */
     }
-    else if (PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0) {
+    else if (LIKELY(PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0)) {
         done = add_batch_samples(phase, size, BY_WATCH); /* (no lock needed: see count_units) */
     }
     else {

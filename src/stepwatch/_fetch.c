@@ -46,28 +46,28 @@ static PyObject *
 reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObject *indices)
 {
     PyObject *stacks = block->stacks;
-    if (stacks == NULL || Py_TYPE(stacks) != SLOT_TYPE(SLOT_MEASURING) ||
-        SLOT_IN_PLACE(stacks, SLOT_MEASURING) != Py_True || SLOT_IN_PLACE(stacks, SLOT_TIMELINE) != Py_None) {
+    if (UNLIKELY(stacks == NULL || Py_TYPE(stacks) != SLOT_TYPE(SLOT_MEASURING) ||
+                 SLOT_IN_PLACE(stacks, SLOT_MEASURING) != Py_True || SLOT_IN_PLACE(stacks, SLOT_TIMELINE) != Py_None)) {
         return NULL;
     }
     PyObject *stack = cached_thread_stack(stacks);
-    if (stack == NULL || PyList_GET_SIZE(stack) == 0) {
+    if (UNLIKELY(stack == NULL || PyList_GET_SIZE(stack) == 0)) {
         return NULL;
     }
     PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
-    if (!PyTuple_CheckExact(top) || PyTuple_GET_SIZE(top) < 2) {
+    if (UNLIKELY(!PyTuple_CheckExact(top) || PyTuple_GET_SIZE(top) < 2)) {
         return NULL;
     }
     PyObject *parent = PyTuple_GET_ITEM(top, 1);
     PyObject *children = Py_TYPE(parent) == SLOT_TYPE(SLOT_CHILDREN) ? SLOT_IN_PLACE(parent, SLOT_CHILDREN) : NULL;
-    if (children == NULL || !PyDict_CheckExact(children)) {
+    if (UNLIKELY(children == NULL || !PyDict_CheckExact(children))) {
         return NULL;
     }
     PyObject *node = child_of(block, children); /* borrowed */
     unsigned long long children_version = version_of(children);
     long long start_ns;
-    if (node == NULL || node == parent || Py_TYPE(node) != SLOT_TYPE(SLOT_BATCHES) ||
-        !read_clock_raw(block->clock, &start_ns)) {
+    if (UNLIKELY(node == NULL || node == parent || Py_TYPE(node) != SLOT_TYPE(SLOT_BATCHES) ||
+                 !read_clock_raw(block->clock, &start_ns))) {
         return NULL; /* (an error from the dictionary stays set) */
     }
     /* From here on Python code may run (an allocation's collection, the reads): what is used is held. */
@@ -78,7 +78,7 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     Py_INCREF(node);
     PyObject *samples = NULL, *remaining = NULL, *start = NULL;
     PyObject *frame = own_frame_refilled(block, node, children_version, start_ns);
-    if (frame != NULL) {
+    if (LIKELY(frame != NULL)) {
         start = Py_NewRef(PyTuple_GET_ITEM(frame, 2));
     }
     else if (PyErr_Occurred() || (start = PyLong_FromLongLong(start_ns)) == NULL || (frame = PyTuple_New(3)) == NULL) {
@@ -89,11 +89,11 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
         PyTuple_SET_ITEM(frame, 1, Py_NewRef(node));
         PyTuple_SET_ITEM(frame, 2, Py_NewRef(start));
     }
-    if ((remaining = PyObject_GetIter(indices)) == NULL || PyList_Append(stack, frame) < 0) {
+    if (UNLIKELY((remaining = PyObject_GetIter(indices)) == NULL || PyList_Append(stack, frame) < 0)) {
         goto done;
     }
     samples = call_read_all(read_all, dataset, remaining);
-    if (samples == NULL) {
+    if (UNLIKELY(samples == NULL)) {
         reads_failed(block, stacks, local, stack, frame, parent, node, indices, remaining, start);
         goto done;
     }
@@ -103,7 +103,7 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     int common = size > 0 && PyList_GET_ITEM(stack, size - 1) == frame &&
                  SLOT_IN_PLACE(stacks, SLOT_LOCAL) == local && SLOT_IN_PLACE(stacks, SLOT_TIMELINE) == Py_None &&
                  batches != NULL && read_clock_raw(block->clock, &end_ns);
-    if (!common) {
+    if (UNLIKELY(!common)) {
         if (close_reads(block, stacks, local, stack, frame, parent, node, PyList_GET_SIZE(samples), start) < 0) {
             Py_CLEAR(samples);
         }
@@ -113,8 +113,8 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     Py_DECREF(frame);
     Py_INCREF(batches); /* the entry's allocation may run Python code */
     PyObject *entry = PyTuple_New(2), *count = NULL, *elapsed = NULL;
-    if (entry == NULL || (count = PyLong_FromSsize_t(PyList_GET_SIZE(samples))) == NULL ||
-        (elapsed = PyLong_FromLongLong(end_ns - start_ns)) == NULL) {
+    if (UNLIKELY(entry == NULL || (count = PyLong_FromSsize_t(PyList_GET_SIZE(samples))) == NULL ||
+                 (elapsed = PyLong_FromLongLong(end_ns - start_ns)) == NULL)) {
         Py_XDECREF(count);
         Py_XDECREF(entry);
         Py_CLEAR(samples);
@@ -122,7 +122,7 @@ reads_compact(BlockObject *block, PyObject *dataset, PyObject *read_all, PyObjec
     else {
         PyTuple_SET_ITEM(entry, 0, count);
         PyTuple_SET_ITEM(entry, 1, elapsed);
-        if (append_and_fold(stacks, node, batches, entry) < 0) {
+        if (UNLIKELY(append_and_fold(stacks, node, batches, entry) < 0)) {
             Py_CLEAR(samples);
         }
         Py_DECREF(entry);
@@ -143,8 +143,8 @@ done:
 static PyObject *
 fetch_batch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 ||
-        !PyObject_TypeCheck(PyTuple_GET_ITEM(args[0], 1), &BlockBaseType)) {
+    if (UNLIKELY(nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 ||
+                 !PyObject_TypeCheck(PyTuple_GET_ITEM(args[0], 1), &BlockBaseType))) {
         PyErr_SetString(PyExc_TypeError,
                         "fetch_batch((reads, dataset_block, dataset, read_all, collate, collate_block), indices)");
         return NULL;
@@ -152,7 +152,7 @@ fetch_batch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     PyObject *spec = args[0], *indices = args[1];
     PyObject *samples = reads_compact((BlockObject *)PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2),
                                       PyTuple_GET_ITEM(spec, 3), indices);
-    if (samples == NULL) {
+    if (UNLIKELY(samples == NULL)) {
         if (PyErr_Occurred()) {
             return NULL;
         }

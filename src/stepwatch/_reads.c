@@ -249,21 +249,21 @@ flag_is_true(PyObject *collate, Slot slot)
 static PyObject *
 collate_samples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
+    if (UNLIKELY(nargs != 3)) {
         PyErr_SetString(PyExc_TypeError, "collate_samples(collate, block, samples)");
         return NULL;
     }
     PyObject *collate = args[0], *block = args[1];
     int enabled = flag_is_true(collate, SLOT_ENABLED);
     int watching = enabled == 1 ? flag_is_true(collate, SLOT_WATCHING) : 0;
-    if (enabled < 0 || watching < 0) {
+    if (UNLIKELY(enabled < 0 || watching < 0)) {
         return NULL;
     }
-    if (!watching) {
+    if (UNLIKELY(!watching)) {
         return PyObject_CallOneArg(collate, args[2]);
     }
     PyObject *inner = slot_get(collate, SLOT_COLLATE_FN);
-    if (inner == NULL) {
+    if (UNLIKELY(inner == NULL)) {
         return NULL;
     }
     PyObject *result = with_block(block, inner, args + 2, 1, NULL);

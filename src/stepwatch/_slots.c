@@ -129,9 +129,9 @@ ident_ready(void)
 static inline PyObject *
 slot_get(PyObject *obj, Slot slot)
 {
-    if (Py_TYPE(obj) == SLOT_TYPE(slot)) {
+    if (LIKELY(Py_TYPE(obj) == SLOT_TYPE(slot))) {
         PyObject *value = SLOT_IN_PLACE(obj, slot);
-        if (value != NULL) {
+        if (LIKELY(value != NULL)) {
             Py_INCREF(value);
             return value;
         }
@@ -143,7 +143,7 @@ slot_get(PyObject *obj, Slot slot)
 static inline int
 slot_set(PyObject *obj, Slot slot, PyObject *value)
 {
-    if (Py_TYPE(obj) == SLOT_TYPE(slot)) {
+    if (LIKELY(Py_TYPE(obj) == SLOT_TYPE(slot))) {
         Py_INCREF(value);
         Py_XSETREF(SLOT_IN_PLACE(obj, slot), value);
         return 0;
@@ -183,8 +183,8 @@ slot_add(PyObject *obj, Slot slot, PyObject *addend)
 {
     long long before, more;
     PyObject *value = Py_TYPE(obj) == SLOT_TYPE(slot) ? SLOT_IN_PLACE(obj, slot) : NULL;
-    if (value != NULL && compact_int_value(value, &before) && compact_int_value(addend, &more) &&
-        rewritten_in_place(value, before + more)) {
+    if (LIKELY(value != NULL && compact_int_value(value, &before) && compact_int_value(addend, &more) &&
+               rewritten_in_place(value, before + more))) {
         return 0;
     }
     return slot_add_general(obj, slot, addend);

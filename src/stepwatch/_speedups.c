@@ -45,6 +45,9 @@ typedef struct {
 #define APART __attribute__((noinline)) /* a path of its own kind of call: not interleaved with the others' */
 /* A check shared by a general path and a compact one: a copy in each, so that the compact one stays contiguous. */
 #define INLINED inline __attribute__((always_inline))
+/* A condition of the common path, so marked: the compiler lays that path out in one run and the rest after it. A
+ * function of the loop's step, its batch's fetch or a slot's read, checks unmarked, fetched most of its lines in a
+ * cold step, where the common path needs fewer (-20 lines of code a step by hand, benchmarks/footprint.py). */
 #define UNLIKELY(condition) __builtin_expect(!!(condition), 0)
 #define LIKELY(condition) __builtin_expect(!!(condition), 1)
 #else

@@ -69,10 +69,10 @@ steady_step(SteadyLoopObject *self)
     }
     PyObject *opened = swap(self->stacks, self->local, self->stack, self->body_frame, self->body_node,
                             self->wait_node, self->phase, self->clock, 1, 0, 1);
-    if (opened == NULL) {
+    if (UNLIKELY(opened == NULL)) {
         return NULL;
     }
-    if (opened == Py_None) {
+    if (UNLIKELY(opened == Py_None)) {
         Py_DECREF(opened);
         self->outcome = STEADY_STEP_END;
         return NULL;
@@ -83,7 +83,7 @@ steady_step(SteadyLoopObject *self)
         return NULL;
     }
     PyObject *item = (*Py_TYPE(self->iterator)->tp_iternext)(self->iterator);
-    if (item == NULL) {
+    if (UNLIKELY(item == NULL)) {
         if (PyErr_Occurred()) {
             if (!PyErr_ExceptionMatches(PyExc_StopIteration)) {
                 return NULL; /* the wait stays open: the generator closes it, as for its own fetch */
@@ -95,7 +95,7 @@ steady_step(SteadyLoopObject *self)
     }
     opened = swap(self->stacks, self->local, self->stack, self->wait_frame, self->wait_node, self->body_node,
                   self->phase, self->clock, 0, 1, 1);
-    if (opened == NULL || opened == Py_None) {
+    if (UNLIKELY(opened == NULL || opened == Py_None)) {
         if (opened == NULL) {
             Py_DECREF(item);
             return NULL;
