@@ -34,7 +34,7 @@ typedef struct {
 static INLINED PyObject *
 common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (session->evaluation != Py_None || session->sw == NULL) {
+    if (UNLIKELY(session->evaluation != Py_None || session->sw == NULL)) {
         return NULL;
     }
     if (self->kind == AUTO_BACKWARD) {
@@ -44,15 +44,16 @@ common_stage(AutoCallObject *self, AutoStateObject *session, PyObject *const *ar
         return s_zero_grad;
     }
     PyObject *outer = session->outer_classes;
-    if (nargs < 1 || outer == NULL || !PyDict_CheckExact(outer)) {
+    if (UNLIKELY(nargs < 1 || outer == NULL || !PyDict_CheckExact(outer))) {
         return NULL;
     }
     PyObject *module = args[0];
-    if (PyDict_Contains(outer, (PyObject *)Py_TYPE(module)) != 1) {
+    if (UNLIKELY(PyDict_Contains(outer, (PyObject *)Py_TYPE(module)) != 1)) {
         return NULL;
     }
     PyObject *stage = known_stage(session, module);
-    if (stage == NULL || call_is_true(&self->grad_enabled) != 1 || call_is_true(&self->inference_enabled) != 0) {
+    if (UNLIKELY(stage == NULL || call_is_true(&self->grad_enabled) != 1 ||
+                 call_is_true(&self->inference_enabled) != 0)) {
         return NULL;
     }
     return stage;

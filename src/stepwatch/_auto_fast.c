@@ -23,12 +23,13 @@ common_call_stage(AutoCallObject *self, AutoStateObject *session, PyObject *cons
 {
     if (self->kind != AUTO_MODULE_CALL) {
         int bit = self->kind == AUTO_BACKWARD ? FOUND_BACKWARD : FOUND_ZERO_GRAD;
-        if (session->found == NULL || session->found != session->found_known || !(session->found_flags & bit)) {
+        if (UNLIKELY(session->found == NULL || session->found != session->found_known ||
+                     !(session->found_flags & bit))) {
             return NOT_COMMON; /* the finding still to be written: the general function's */
         }
     }
     PyObject *stage = common_stage(self, session, args, nargs);
-    return stage != NULL || PyErr_Occurred() ? stage : NOT_COMMON;
+    return LIKELY(stage != NULL) || PyErr_Occurred() ? stage : NOT_COMMON;
 }
 
 /* The stage's block when it runs BlockBase's own methods and is measuring (a new reference), or NOT_COMMON, or
@@ -39,15 +40,15 @@ static inline PyObject *
 measuring_base_block(AutoStateObject *session, PyObject *stage)
 {
     PyObject *block = existing_block(session, stage);
-    if (block == NULL) {
+    if (UNLIKELY(block == NULL)) {
         return PyErr_Occurred() ? NULL : NOT_COMMON;
     }
-    if (!runs_base_methods(block) || ((BlockObject *)block)->stacks == NULL) {
+    if (UNLIKELY(!runs_base_methods(block) || ((BlockObject *)block)->stacks == NULL)) {
         Py_DECREF(block); /* (the general function finds and remembers a class running them) */
         return NOT_COMMON;
     }
     int on = stacks_measuring(((BlockObject *)block)->stacks);
-    if (on != 1) {
+    if (UNLIKELY(on != 1)) {
         Py_DECREF(block);
         return on < 0 ? NULL : NOT_COMMON;
     }
@@ -70,22 +71,22 @@ static PyObject *
 auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *current = hot_state.auto_session; /* borrowed */
-    if (current == NULL || (Py_TYPE(current) != hot_state.session_type && !is_session(current))) {
+    if (UNLIKELY(current == NULL || (Py_TYPE(current) != hot_state.session_type && !is_session(current)))) {
         return auto_call_general(self, args, nargsf, kwnames);
     }
     AutoStateObject *session = (AutoStateObject *)current;
-    if (self->kind > AUTO_ZERO_GRAD) {
+    if (UNLIKELY(self->kind > AUTO_ZERO_GRAD)) {
         return optimizer_hook(self, session, args, nargsf, kwnames);
     }
-    if (session->busy || session->loop_thread != session->ident_source ||
-        session->loop_ident != current_ident()) {
+    if (UNLIKELY(session->busy || session->loop_thread != session->ident_source ||
+                 session->loop_ident != current_ident())) {
         return auto_call_general(self, args, nargsf, kwnames);
     }
     Py_INCREF(session); /* the checks below may run Python code */
     PyObject *stage = common_call_stage(self, session, args, PyVectorcall_NARGS(nargsf));
     PyObject *block = stage == NULL || stage == NOT_COMMON ? stage : measuring_base_block(session, stage);
     PyObject *result;
-    if (block == NULL || block == NOT_COMMON) {
+    if (UNLIKELY(block == NULL || block == NOT_COMMON)) {
         result = block == NULL ? NULL : auto_call_general(self, args, nargsf, kwnames);
         Py_DECREF(session);
         return result;
@@ -102,13 +103,13 @@ auto_call_vectorcall(AutoCallObject *self, PyObject *const *args, size_t nargsf,
     }
     session->busy++;
     result = block_enter((BlockObject *)block, NULL);
-    if (result != NULL) {
+    if (LIKELY(result != NULL)) {
         Py_DECREF(result);
         result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-        if (result != NULL) {
+        if (LIKELY(result != NULL)) {
             PyObject *none[3] = {Py_None, Py_None, Py_None}; /* BlockBase's __exit__, as found at the entry */
             PyObject *exited = block_exit((BlockObject *)block, none, 3);
-            if (exited == NULL) {
+            if (UNLIKELY(exited == NULL)) {
                 Py_CLEAR(result);
             }
             Py_XDECREF(exited);

@@ -290,7 +290,7 @@ static INLINED int
 stacks_measuring(PyObject *stacks)
 {
     PyObject *value = slot_get(stacks, SLOT_MEASURING);
-    if (value == NULL) {
+    if (UNLIKELY(value == NULL)) {
         return -1;
     }
     Py_DECREF(value);
@@ -317,9 +317,11 @@ static INLINED PyObject *
 existing_block(AutoStateObject *session, PyObject *stage)
 {
     PyObject *timed = session->kept_lookup;
-    PyObject *by_name = timed != NULL && Py_IS_TYPE(timed, &LookupType) ? Py_NewRef(((LookupObject *)timed)->by_name)
-                                                                       : PyObject_GetAttr(session->sw, s_by_name);
-    PyObject *block = by_name == NULL || !PyDict_CheckExact(by_name) ? NULL : PyDict_GetItemWithError(by_name, stage);
+    PyObject *by_name = LIKELY(timed != NULL && Py_IS_TYPE(timed, &LookupType))
+                            ? Py_NewRef(((LookupObject *)timed)->by_name)
+                            : PyObject_GetAttr(session->sw, s_by_name);
+    PyObject *block =
+        UNLIKELY(by_name == NULL || !PyDict_CheckExact(by_name)) ? NULL : PyDict_GetItemWithError(by_name, stage);
     Py_XINCREF(block);
     Py_XDECREF(by_name);
     return block;

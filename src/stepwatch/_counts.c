@@ -65,7 +65,7 @@ measured_phase(PyObject *stacks, PyObject *tree)
     PyObject *stack = measuring == Py_True ? thread_stack(stacks) : NULL;
     Py_XDECREF(measuring);
     PyObject *local = stack != NULL ? slot_get(stacks, SLOT_LOCAL) : NULL;
-    if (local == NULL) {
+    if (UNLIKELY(local == NULL)) {
         Py_XDECREF(stack);
         return NULL;
     }
@@ -76,7 +76,7 @@ measured_phase(PyObject *stacks, PyObject *tree)
     Py_DECREF(stack);
     PyObject *values = dropped ? NULL : thread_values(local);
     Py_DECREF(local);
-    if (values == NULL || !PyDict_CheckExact(values)) {
+    if (UNLIKELY(values == NULL || !PyDict_CheckExact(values))) {
         Py_XDECREF(values);
         return NULL;
     }
@@ -201,7 +201,7 @@ static int
 add_batch_samples(PyObject *phase, PyObject *size, CountedBy by)
 {
     PyObject *counted = slot_get(phase, SLOT_BATCH_SAMPLES);
-    if (counted == NULL || counted == Py_None) {
+    if (UNLIKELY(counted == NULL || counted == Py_None)) {
         Py_XDECREF(counted);
         return counted == NULL ? -1 : 1;
     }
@@ -228,7 +228,7 @@ count_units(PyObject *stacks, PyObject *tree, PyObject *const *units, PyObject *
     PyObject *phase = measured_phase(stacks, tree);
     PyObject *first = phase != NULL ? slot_get(phase, SLOT_IN_FIRST_STEP) : NULL;
     PyObject *writers = first == Py_False ? slot_get(phase, SLOT_COUNTING) : NULL;
-    if (writers != NULL && PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0) {
+    if (LIKELY(writers != NULL && PyLong_CheckExact(writers) && PyLong_AsLong(writers) == 0)) {
         /* no Python writer is between its read and its write (they count themselves in under the lock): this
          * update, with no Python code and so no other thread running in it, needs no lock of its own */
         int done = add_counted(phase, units, values, n, by);
@@ -271,7 +271,7 @@ static PyObject *
 samples_counted(PyObject *sw, PyObject *stacks, PyObject *tree, PyObject *size)
 {
     int done = stacks != NULL && tree != NULL ? count_units(stacks, tree, &s_samples, &size, 1, BY_AUTO) : -1;
-    if (done == 1) {
+    if (LIKELY(done == 1)) {
         Py_RETURN_NONE;
     }
     if (done < 0) {
