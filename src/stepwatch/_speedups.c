@@ -436,7 +436,7 @@ configure(PyObject *Py_UNUSED(module), PyObject *fold)
 }
 
 static PyMethodDef module_methods[] = {
-    {"configure", configure, METH_O, "configure(fold): the buffer size at which a stage's measurements fold."},
+    {"configure", configure, METH_O, "configure(fold): the buffer size at which a stage's measurements fold (a power of two)."},
     {"configure_counts", (PyCFunction)(void (*)(void))configure_counts, METH_FASTCALL,
      "configure_counts(dropped, default_phase, limit, fallback): what add_samples compares with, and hands on to."},
     {"add_samples", (PyCFunction)(void (*)(void))add_samples, METH_FASTCALL,
