@@ -57,6 +57,7 @@ class ThreadStacks(HotFlags):
         "by_thread",
         "enabled",
         "in_window",
+        "own_stacks",
         "span",
         "tree",
         "was_enabled",
@@ -71,6 +72,7 @@ class ThreadStacks(HotFlags):
         self.local = threading.local()
         self.by_thread: dict[int, list[Frame]] = {}  # thread id -> its stack
         self.before_switch: dict[int, list[Frame]] = {}  # thread id -> its stack before the last switch
+        self.own_stacks = threading.local()  # each thread's last stack, never replaced (see thread_stack)
         self.enabled = False
         self.was_enabled = False
         self.in_window = True
@@ -82,6 +84,7 @@ class ThreadStacks(HotFlags):
         self.by_thread = {}
         self.before_switch = {}
         self.local = threading.local()
+        self.own_stacks = threading.local()
         self.blocks.forget_inside()
         self.enabled = False
         self.in_window = True
@@ -99,7 +102,11 @@ class ThreadStacks(HotFlags):
         self.local = threading.local()
 
     def thread_stack(self) -> list[Frame]:
-        """This thread's stack of open frames, made on first use (and after a switch)."""
+        """This thread's stack of open frames, made on first use (and after a switch, from its stack before it).
+        A thread's identity is given again to a thread started after it ended: the stack kept for that identity
+        at a switch is taken only by the thread that made it (``own_stacks``, a thread-local no switch replaces,
+        holds it), never by a new thread, whose blocks would otherwise open inside the ended thread's open
+        blocks and be dropped with them."""
         local = self.local
         stack: list[Frame] | None = local.__dict__.get("stack")
         if stack is None:
@@ -107,6 +114,8 @@ class ThreadStacks(HotFlags):
                 local = self.local
                 ident = threading.get_ident()
                 before = self.before_switch.pop(ident, None)
+                if before is not None and self.own_stacks.__dict__.get("stack") is not before:
+                    before = None  # an ended thread's, whose identity this thread was given
                 if before is None:
                     stack = [(None, self.tree.phase(DEFAULT_PHASE).root, 0)]
                 else:
@@ -117,6 +126,7 @@ class ThreadStacks(HotFlags):
                 if self.was_enabled:  # blocks opened while switched off and still open: dropped frames
                     stack.extend((block, DROPPED, 0) for block in self.blocks.take_inside(ident))
                 local.stack = stack
+                self.own_stacks.stack = stack
                 self.by_thread[ident] = stack
         return stack
 

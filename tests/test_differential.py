@@ -1,0 +1,106 @@
+"""Random programs of stepwatch calls record the same with the compiled blocks (``_speedups.c``) as with their
+Python twin (``STEPWATCH_PURE_PYTHON``): nested blocks, exceptions through them, loops watched and timed, broken
+out of and in another phase, threads, generators suspended inside a block, blocks closed out of order or never,
+``count()``, switching off and on and ``reset()``, on a new stopwatch and on the default one. The compiled paths
+hand every case but the common one to general code; a program that takes a case to the wrong path, or a common
+path that writes what the general one would not, records other stages, calls, steps, counters or drops.
+
+Each example is a batch of programs run by ``tests/programs/block_ops.py`` in two processes, one per
+implementation, and compared program by program.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = ROOT / "tests" / "programs" / "block_ops.py"
+NAMES = st.sampled_from(["a", "b", "c"])
+
+leaves = st.one_of(
+    st.tuples(st.just("block"), NAMES, st.just([])),
+    st.tuples(st.just("count"), st.integers(1, 64)),
+    st.tuples(st.just("crossed"), NAMES, NAMES),
+    st.just(("toggle",)),
+    st.just(("reset",)),
+    st.tuples(st.just("opened"), NAMES),
+)
+
+
+def nested(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    bodies = st.lists(children, max_size=3)
+    return st.one_of(
+        st.tuples(st.just("block"), NAMES, bodies),
+        st.tuples(st.just("raise"), NAMES, bodies),
+        st.tuples(
+            st.just("loop"),
+            st.sampled_from(["watch", "iter"]),
+            st.integers(0, 6),
+            st.none() | st.integers(0, 5),
+            st.sampled_from([None, "val"]),
+            bodies,
+        ),
+        st.tuples(st.just("thread"), bodies),
+        st.tuples(st.just("generator"), NAMES, bodies),
+    )
+
+
+operations = st.recursive(leaves, nested, max_leaves=10)
+programs = st.fixed_dictionaries({"on": st.sampled_from(["new", "default"]), "ops": st.lists(operations, max_size=4)})
+
+
+def recorded(path: Path, pure: bool) -> list[str]:
+    """``block_ops.py``'s lines for the programs in ``path``, after the line saying which blocks ran them."""
+    env = {key: value for key, value in os.environ.items() if key not in ("STEPWATCH", "STEPWATCH_PURE_PYTHON")}
+    if pure:
+        env["STEPWATCH_PURE_PYTHON"] = "1"
+    result = subprocess.run(
+        [sys.executable, str(PROGRAM), str(path)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    compiled, *lines = result.stdout.splitlines()
+    assert compiled == f"compiled blocks: {not pure}"
+    return lines
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batch=st.lists(programs, min_size=25, max_size=25))
+def test_random_programs_record_the_same_with_the_compiled_blocks_and_the_python_twin(
+    tmp_path_factory: pytest.TempPathFactory, batch: list[dict[str, Any]]
+) -> None:
+    path = tmp_path_factory.mktemp("programs") / "programs.json"
+    path.write_text(json.dumps(batch))
+    compiled, pure = recorded(path, pure=False), recorded(path, pure=True)
+    assert len(compiled) == len(pure) == len(batch)
+    for program, in_c, in_python in zip(batch, compiled, pure, strict=True):
+        assert json.loads(in_c) == json.loads(in_python), json.dumps(program)
+
+
+@pytest.mark.slow
+def test_three_written_programs_record_the_same_in_both_and_what_they_ran() -> None:
+    """The random programs' check, on three written ones whose records are known: a watched loop with nested
+    blocks, a count and an exception, then two blocks crossed; the default stopwatch in a validation loop broken out
+    of, with a generator's block and a thread, then switched off and on inside a block; a reset, then a block left
+    open inside another."""
+    path = ROOT / "tests" / "programs" / "block_ops.json"
+    compiled, pure = recorded(path, pure=False), recorded(path, pure=True)
+    assert compiled == pure
+    watched, validation, left_open = (json.loads(line) for line in compiled)
+    train = watched["phases"]["train"]
+    assert ["step/a/b", 3] in train["stages"] and ["step/c", 3] in train["stages"], train
+    assert ["loader/dataset", 6] in train["stages"] and train["steps"] == 3, train
+    assert train["counters"] == {"samples": 9} and watched["dropped"] == 2, watched
+    assert ["step/g/x", 2] in validation["phases"]["val"]["stages"], validation
+    assert validation["phases"]["train"]["stages"] == [["t", 3]], validation  # the thread's blocks, at its top
+    assert not any(path.startswith(("a", "b")) for path, _ in validation["phases"]["train"]["stages"])
+    assert left_open["phases"]["train"]["stages"] == [["a", 0], ["a/o", 0], ["a/o/b", 1]], left_open  # z forgotten
