@@ -1,7 +1,8 @@
 """Random programs of stepwatch calls record the same with the compiled blocks (``_speedups.c``) as with their
 Python twin (``STEPWATCH_PURE_PYTHON``): nested blocks, exceptions through them, loops watched and timed, broken
 out of and in another phase, threads, generators suspended inside a block, blocks closed out of order or never,
-``count()``, switching off and on and ``reset()``, on a new stopwatch and on the default one. The compiled paths
+``count()``, switching off and on, ``reset()`` and a state reloaded, on a new stopwatch and on the default one, with
+a schedule (warm-up steps and a measured window) or without. The compiled paths
 hand every case but the common one to general code; a program that takes a case to the wrong path, or a common
 path that writes what the general one would not, records other stages, calls, steps, counters or drops.
 
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "programs" / "block_ops.py"
+AUTO_PROGRAM = ROOT / "tests" / "programs" / "auto_ops.py"
 NAMES = st.sampled_from(["a", "b", "c"])
 
 leaves = st.one_of(
@@ -32,6 +34,7 @@ leaves = st.one_of(
     st.tuples(st.just("crossed"), NAMES, NAMES),
     st.just(("toggle",)),
     st.just(("reset",)),
+    st.just(("reload",)),
     st.tuples(st.just("opened"), NAMES),
 )
 
@@ -55,16 +58,42 @@ def nested(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 operations = st.recursive(leaves, nested, max_leaves=10)
-programs = st.fixed_dictionaries({"on": st.sampled_from(["new", "default"]), "ops": st.lists(operations, max_size=4)})
+schedules = st.just({}) | st.fixed_dictionaries({"warmup": st.integers(0, 3), "active": st.integers(1, 4)})
+programs = st.fixed_dictionaries(
+    {"on": st.sampled_from(["new", "default"]), "ops": st.lists(operations, max_size=4), "schedule": schedules}
+)
 
 
-def recorded(path: Path, pure: bool) -> list[str]:
-    """``block_ops.py``'s lines for the programs in ``path``, after the line saying which blocks ran them."""
+models = st.recursive(
+    st.sampled_from(["linear", "relu"]), lambda inner: st.lists(inner, min_size=1, max_size=3), max_leaves=6
+)
+loops = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["train", "val"]),
+        "written": st.sampled_from(["for", "next"]),
+        "batches": st.integers(0, 5),
+        "break_at": st.none() | st.integers(0, 4),
+        "extras": st.lists(
+            st.sampled_from(["twice", "submodule", "refuse", "accumulate", "timed", "count"]), unique=True
+        ),
+    }
+)
+training_programs = st.fixed_dictionaries(
+    {
+        "model": st.lists(models, min_size=1, max_size=3),
+        "loss": st.sampled_from(["module", "function"]),
+        "loops": st.lists(loops, min_size=1, max_size=3),
+    }
+)
+
+
+def recorded(path: Path, pure: bool, program: Path = PROGRAM) -> list[str]:
+    """``program``'s lines for the programs in ``path``, after the line saying which blocks ran them."""
     env = {key: value for key, value in os.environ.items() if key not in ("STEPWATCH", "STEPWATCH_PURE_PYTHON")}
     if pure:
         env["STEPWATCH_PURE_PYTHON"] = "1"
     result = subprocess.run(
-        [sys.executable, str(PROGRAM), str(path)], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, str(program), str(path)], capture_output=True, text=True, env=env, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
     compiled, *lines = result.stdout.splitlines()
@@ -81,6 +110,26 @@ def test_random_programs_record_the_same_with_the_compiled_blocks_and_the_python
     path = tmp_path_factory.mktemp("programs") / "programs.json"
     path.write_text(json.dumps(batch))
     compiled, pure = recorded(path, pure=False), recorded(path, pure=True)
+    assert len(compiled) == len(pure) == len(batch)
+    for program, in_c, in_python in zip(batch, compiled, pure, strict=True):
+        assert json.loads(in_c) == json.loads(in_python), json.dumps(program)
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batch=st.lists(training_programs, min_size=15, max_size=15))
+def test_random_trainings_record_the_same_under_auto_with_its_compiled_wrappers_and_the_python_twin(
+    tmp_path_factory: pytest.TempPathFactory, batch: list[dict[str, Any]]
+) -> None:
+    """The same for training loops under ``auto()``, whose wrappers of module calls, optimizers and the loader
+    run in C (``_auto_calls.c``, ``_auto_steps.c``) or in Python: models nested in several ways, a loss module or
+    function, training and validation loops written as ``for`` statements or with ``next()``, broken out of, with
+    a second forward, a submodule called alone, a forward that raises, accumulated gradients, a block and a
+    ``count()`` of the program's own (``tests/programs/auto_ops.py``)."""
+    path = tmp_path_factory.mktemp("trainings") / "programs.json"
+    path.write_text(json.dumps(batch))
+    compiled = recorded(path, pure=False, program=AUTO_PROGRAM)
+    pure = recorded(path, pure=True, program=AUTO_PROGRAM)
     assert len(compiled) == len(pure) == len(batch)
     for program, in_c, in_python in zip(batch, compiled, pure, strict=True):
         assert json.loads(in_c) == json.loads(in_python), json.dumps(program)

@@ -6,8 +6,9 @@ A program is a list of operations, each a list whose first item names it (nested
 ``loop`` (``watch()`` over a DataLoader or ``timed_iter()`` over a range, a phase, a step to ``break`` at),
 ``thread`` (the body in a thread of its own), ``generator`` (a generator suspended inside a block while the body runs,
 then closed), ``crossed`` (two blocks closed in the wrong order), ``opened`` (a block entered and never closed),
-``count``, ``toggle`` (``disable()`` then ``enable()``) and ``reset``. Each program runs on a new ``Stopwatch``, or on
-the default one through the module's functions (``"default"``), which is reset first.
+``count``, ``toggle`` (``disable()`` then ``enable()``), ``reset`` and ``reload`` (``load_state_dict(state_dict())``).
+Each program runs on a new ``Stopwatch``, or on the default one through the module's functions (``"default"``),
+which is reset first, switched on with its ``schedule`` (``warmup``, ``active``) where it has one.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ OPERATIONS = {
     "count": lambda api, op: api.count(samples=op[1]),
     "toggle": lambda api, op: (api.disable(), api.enable()),
     "reset": lambda api, op: api.reset(),
+    "reload": lambda api, op: api.load_state_dict(api.state_dict()),
 }
 
 
@@ -115,7 +117,7 @@ def recorded(program: dict[str, Any]) -> dict[str, Any]:
         owner = stepwatch._default_instance.stopwatch
     else:
         api = owner = stepwatch.Stopwatch()
-    api.enable()
+    api.enable(**program.get("schedule", {}))
     try:
         run(api, program["ops"])
         summary = api.summary()
