@@ -65,6 +65,37 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, clock: FakeCloc
     assert resumed.summary().throughput == whole.summary().throughput
 
 
+def test_a_program_that_counts_its_own_samples_still_does_after_a_resume(tmp_path: Path) -> None:
+    """Once a program counts its samples itself, watch() stops counting them from the batches, for the rest of the
+    run: a resumed run keeps that (a run whose validation loop counted its samples once, then ran a loop that
+    counts none, counted the same after a checkpoint between the two as without one; before, the resumed one counted
+    the second loop's batches too). Found by running random programs whole and split by a checkpoint."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 1)), batch_size=2)
+
+    def validate(sw: Stopwatch, counts: bool) -> None:
+        for (batch,) in sw.watch(loader, phase="val"):
+            if counts:
+                sw.count(samples=len(batch))
+
+    whole, part, resumed = Stopwatch(), Stopwatch(), Stopwatch()
+    for sw in (whole, part, resumed):
+        sw.enable()
+    validate(whole, True)
+    validate(whole, False)
+    validate(part, True)
+    state = checkpoint_round_trip(part.state_dict(), tmp_path / "c.pt")
+    assert state["counts_own_samples"] == ["val"]
+    resumed.load_state_dict(state)
+    validate(resumed, False)
+    assert resumed.summary().phases["val"].counters == whole.summary().phases["val"].counters == {"samples": 6}
+    older = {key: value for key, value in state.items() if key != "counts_own_samples"}  # a state saved before it
+    from_older = Stopwatch()
+    from_older.enable()
+    from_older.load_state_dict(older)
+    validate(from_older, False)
+    assert from_older.summary().phases["val"].counters == {"samples": 12}  # loads, and counts the batches
+
+
 def test_state_dict_is_plain_python(clock: FakeClock) -> None:
     sw = Stopwatch(clock=clock)
     sw.enable()

@@ -329,6 +329,10 @@ def corrupt(state: dict[str, Any], change: str) -> dict[str, Any]:
         state["summary"]["phases"]["train"]["steps"] = -1
     elif change == "negative elapsed":
         state["elapsed_ns"] = -(10**12)
+    elif change == "counts_own_samples not a list":
+        state["counts_own_samples"] = "train"
+    elif change == "counts_own_samples of numbers":
+        state["counts_own_samples"] = [1]
     return state
 
 
@@ -346,6 +350,8 @@ CORRUPTIONS = [
     "negative total",
     "negative steps",
     "negative elapsed",
+    "counts_own_samples not a list",
+    "counts_own_samples of numbers",
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -416,6 +417,35 @@ def test_abandoned_loop_is_detected_and_said(caplog: pytest.LogCaptureFixture) -
     assert "left (break or return) but not closed" in caplog.text
     loop.close()  # type: ignore[attr-defined]
     assert len(sw.stacks.thread_stack()) == 1
+
+
+class Held:
+    """Something a function holds in a local variable (a tensor, say), that can be seen to be freed."""
+
+
+def test_a_loop_left_in_a_function_that_kept_it_ends_as_the_function_returns() -> None:
+    """A loop kept in a local variable and left with ``break`` stays open while the function runs; when it returns,
+    Python frees the variable, which closes the loop: the blocks after it are top-level, and what the function held
+    is freed. stepwatch held the function's frame (to tell an abandoned loop), which kept its locals alive, the loop
+    among them: it never closed, every block after it nested inside its first step, and the locals were never freed
+    (found by running random programs split by a checkpoint)."""
+    sw = Stopwatch()
+    sw.enable()
+    held: list[weakref.ref[Held]] = []
+
+    def evaluate() -> None:
+        kept, loop = Held(), sw.timed_iter(range(3))
+        held.append(weakref.ref(kept))
+        for index, _ in enumerate(loop):
+            if index == 0:
+                break
+
+    evaluate()
+    assert held[0]() is None, "the function's locals outlived it"
+    with sw.timed("after"):
+        pass
+    assert sw.summary().stages["after"].calls == 1
+    assert len(sw.stacks.thread_stack()) == 1 and not sw.loops.innermost_here()
 
 
 def validate(sw: Stopwatch) -> None:

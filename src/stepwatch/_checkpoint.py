@@ -33,6 +33,7 @@ def state_dict(sw: Stopwatch) -> dict[str, Any]:
             "elapsed_ns": sw.span.elapsed_ns(),
             "started_at": sw.span.started_wall,
             "devices": sw.devices(),
+            "counts_own_samples": sorted(name for name, phase in sw.tree.phases.items() if phase.batch_samples is None),
         }
 
 
@@ -43,6 +44,7 @@ class _State:
     elapsed_ns: int
     started_at: float | None
     devices: list[str]
+    counts_own_samples: list[str]
 
 
 def _parse(state: Any) -> _State:
@@ -73,7 +75,11 @@ def _parse(state: Any) -> _State:
     devices = state["devices"]
     if not isinstance(devices, list) or not all(isinstance(device, str) for device in devices):
         raise FormatError(_WHERE, "corrupt state_dict: devices must be a list of strings")
-    return _State(summary, dict(positions), elapsed, None if started is None else float(started), list(devices))
+    own = state.get("counts_own_samples", [])  # (absent from the states of stepwatch before 2026-12-07)
+    if not isinstance(own, list) or not all(isinstance(name, str) for name in own):
+        raise FormatError(_WHERE, "corrupt state_dict: counts_own_samples must be a list of phase names")
+    started_at = None if started is None else float(started)
+    return _State(summary, dict(positions), elapsed, started_at, list(devices), list(own))
 
 
 def load_state_dict(sw: Stopwatch, state: Any) -> None:
@@ -113,5 +119,7 @@ def load_state_dict(sw: Stopwatch, state: Any) -> None:
             phase.device_caught_up = phase_summary.device.caught_up
         for name, position in parsed.positions.items():
             sw.tree.phase(name).schedule_pos = position
+        for name in parsed.counts_own_samples:  # the program counts its samples: the batches' count stays off
+            sw.tree.phase(name).batch_samples = None
         dropped = int(parsed.summary.metadata.get("dropped_blocks") or 0)
         sw.span.resume(parsed.elapsed_ns, parsed.started_at, parsed.devices, dropped)

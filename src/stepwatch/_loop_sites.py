@@ -20,12 +20,19 @@ logger = logging.getLogger("stepwatch")
 class LoopSite:
     """Where a timed iterator is consumed: the frame whose ``for`` statement iterates it, and where that
     statement's body ends, to tell a loop still running from one abandoned (left with ``break`` while kept in a
-    variable, so Python does not close it)."""
+    variable, so Python does not close it).
 
-    __slots__ = ("for_iter", "frame", "phase", "warned")
+    The frame is known by its identity and its code, never held: a frame held here kept the function's locals alive
+    after it returned, among them the loop's own iterator, which then never closed (the loop stayed open, and every
+    block after it nested inside its step), nor freed what the function's other locals held. Another frame of the
+    same code at the same address, after that one ended, is taken for it: the worst that does is a warning given or
+    not given (``check_enclosing``)."""
+
+    __slots__ = ("code", "for_iter", "frame_id", "phase", "warned")
 
     def __init__(self, frame: FrameType | None, phase: str) -> None:
-        self.frame = frame
+        self.code = frame.f_code if frame is not None else None
+        self.frame_id = id(frame)
         self.for_iter = frame.f_lasti if frame is not None else -1
         self.phase = phase
         self.warned = False
@@ -33,22 +40,16 @@ class LoopSite:
     def abandoned(self, caller: FrameType | None) -> bool:
         """Whether the ``for`` statement over this loop has certainly ended, seen from ``caller`` (the frame
         starting another loop). When it cannot be known (no ``for`` statement, a generator's frame), False."""
-        frame = self.frame
-        if frame is None:
+        code = self.code
+        if code is None:
             return False
-        on_stack = False
         walker = caller
-        while walker is not None:
-            if walker is frame:
-                on_stack = True
-                break
+        while walker is not None and not (id(walker) == self.frame_id and walker.f_code is code):
             walker = walker.f_back
-        if not on_stack:  # a plain function's frame off the stack has returned; a generator's may resume
-            return not frame.f_code.co_flags & (
-                inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-            )
-        end = _loop_end(frame.f_code, self.for_iter)
-        return end is not None and not self.for_iter < frame.f_lasti < end
+        if walker is None:  # a plain function's frame off the stack has returned; a generator's may resume
+            return not code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR)
+        end = _loop_end(code, self.for_iter)
+        return end is not None and not self.for_iter < walker.f_lasti < end
 
 
 @functools.lru_cache(maxsize=256)
@@ -84,12 +85,13 @@ class OpenLoops:
         self.by_thread = {}
 
 
-def check_enclosing(sw: Stopwatch, site: LoopSite) -> None:
-    """A loop starts inside another's open step: say so once if that other loop was in fact abandoned."""
+def check_enclosing(sw: Stopwatch, site: LoopSite, frame: FrameType | None) -> None:
+    """A loop starts inside another's open step, consumed in ``frame`` (None: not known): say so once if that
+    other loop was in fact abandoned."""
     enclosing = sw.loops.innermost_here()
     if enclosing is None or enclosing.warned or sw.periodic.ticking:  # a log_every callback's loop: between steps
         return
-    if enclosing.abandoned(site.frame):
+    if enclosing.abandoned(frame):
         enclosing.warned = True
         logger.warning(
             "stepwatch: a timed loop of phase %r was left (break or return) but not closed: it is kept in a"

@@ -107,7 +107,7 @@ def iterate(
     live = sw.live if main else None  # the live view, drawn between two steps
     index = 0
     if not outer:
-        check_enclosing(sw, site)
+        check_enclosing(sw, site, sys._getframe(1) if site.code is not None else None)
     sites = sw.loops.here()
     sites.append(site)
     loop_started = clock()
@@ -324,7 +324,6 @@ def iterate(
             stacks.set_window(sw.schedule.measures(phase.schedule_pos))
         if site in sites:
             sites.remove(site)
-        site.frame = None
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
