@@ -84,16 +84,42 @@ def test_a_program_that_counts_its_own_samples_still_does_after_a_resume(tmp_pat
     validate(whole, False)
     validate(part, True)
     state = checkpoint_round_trip(part.state_dict(), tmp_path / "c.pt")
-    assert state["counts_own_samples"] == ["val"]
+    assert state["batch_samples"]["val"] is None
     resumed.load_state_dict(state)
     validate(resumed, False)
     assert resumed.summary().phases["val"].counters == whole.summary().phases["val"].counters == {"samples": 6}
-    older = {key: value for key, value in state.items() if key != "counts_own_samples"}  # a state saved before it
+    older = {key: value for key, value in state.items() if key != "batch_samples"}  # a state saved before it
     from_older = Stopwatch()
     from_older.enable()
     from_older.load_state_dict(older)
     validate(from_older, False)
     assert from_older.summary().phases["val"].counters == {"samples": 12}  # loads, and counts the batches
+
+
+def test_the_batches_count_is_dropped_when_the_program_starts_counting_after_a_resume(tmp_path: Path) -> None:
+    """watch() counts a loop's samples from its batches until the program counts samples itself, whose count then
+    replaces the batches' (what they counted is dropped). A checkpoint in between keeps the two apart: the resumed
+    run drops the batches' count as the uninterrupted one does (before, the batches' samples were saved among the
+    program's and kept)."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 1)), batch_size=2)
+
+    def train(sw: Stopwatch, counts: bool) -> None:
+        for (batch,) in sw.watch(loader):
+            if counts:
+                sw.count(samples=10 * len(batch))
+
+    whole, part, resumed = Stopwatch(), Stopwatch(), Stopwatch()
+    for sw in (whole, part, resumed):
+        sw.enable()
+    train(whole, False)
+    train(whole, True)
+    train(part, False)
+    state = checkpoint_round_trip(part.state_dict(), tmp_path / "c.pt")
+    assert state["batch_samples"]["train"] == 6 and state["summary"]["phases"]["train"]["counters"] == {"samples": 6}
+    resumed.load_state_dict(state)
+    assert resumed.summary().phases["train"].counters == {"samples": 6}  # as saved, before the program counts
+    train(resumed, True)
+    assert resumed.summary().phases["train"].counters == whole.summary().phases["train"].counters == {"samples": 60}
 
 
 def test_state_dict_is_plain_python(clock: FakeClock) -> None:

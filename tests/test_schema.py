@@ -329,10 +329,12 @@ def corrupt(state: dict[str, Any], change: str) -> dict[str, Any]:
         state["summary"]["phases"]["train"]["steps"] = -1
     elif change == "negative elapsed":
         state["elapsed_ns"] = -(10**12)
-    elif change == "counts_own_samples not a list":
-        state["counts_own_samples"] = "train"
-    elif change == "counts_own_samples of numbers":
-        state["counts_own_samples"] = [1]
+    elif change == "batch_samples not a dict":
+        state["batch_samples"] = ["train"]
+    elif change == "batch_samples negative":
+        state["batch_samples"] = {"train": -1}
+    elif change == "batch_samples a float":
+        state["batch_samples"] = {"train": 2.5}
     return state
 
 
@@ -350,8 +352,9 @@ CORRUPTIONS = [
     "negative total",
     "negative steps",
     "negative elapsed",
-    "counts_own_samples not a list",
-    "counts_own_samples of numbers",
+    "batch_samples not a dict",
+    "batch_samples negative",
+    "batch_samples a float",
 ]
 
 

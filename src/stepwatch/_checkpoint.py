@@ -33,7 +33,7 @@ def state_dict(sw: Stopwatch) -> dict[str, Any]:
             "elapsed_ns": sw.span.elapsed_ns(),
             "started_at": sw.span.started_wall,
             "devices": sw.devices(),
-            "counts_own_samples": sorted(name for name, phase in sw.tree.phases.items() if phase.batch_samples is None),
+            "batch_samples": {name: phase.batch_samples for name, phase in sw.tree.phases.items()},
         }
 
 
@@ -44,7 +44,7 @@ class _State:
     elapsed_ns: int
     started_at: float | None
     devices: list[str]
-    counts_own_samples: list[str]
+    batch_samples: dict[str, int | None]
 
 
 def _parse(state: Any) -> _State:
@@ -75,11 +75,14 @@ def _parse(state: Any) -> _State:
     devices = state["devices"]
     if not isinstance(devices, list) or not all(isinstance(device, str) for device in devices):
         raise FormatError(_WHERE, "corrupt state_dict: devices must be a list of strings")
-    own = state.get("counts_own_samples", [])  # (absent from the states of stepwatch before 2026-12-07)
-    if not isinstance(own, list) or not all(isinstance(name, str) for name in own):
-        raise FormatError(_WHERE, "corrupt state_dict: counts_own_samples must be a list of phase names")
+    batches = state.get("batch_samples", {})  # (absent from the states of stepwatch before 2026-12-07)
+    if not isinstance(batches, dict) or not all(
+        isinstance(name, str) and (count is None or (type(count) is int and 0 <= count <= NS_MAX))
+        for name, count in batches.items()
+    ):
+        raise FormatError(_WHERE, "corrupt state_dict: batch_samples must map phase names to counts or None")
     started_at = None if started is None else float(started)
-    return _State(summary, dict(positions), elapsed, started_at, list(devices), list(own))
+    return _State(summary, dict(positions), elapsed, started_at, list(devices), dict(batches))
 
 
 def load_state_dict(sw: Stopwatch, state: Any) -> None:
@@ -119,7 +122,10 @@ def load_state_dict(sw: Stopwatch, state: Any) -> None:
             phase.device_caught_up = phase_summary.device.caught_up
         for name, position in parsed.positions.items():
             sw.tree.phase(name).schedule_pos = position
-        for name in parsed.counts_own_samples:  # the program counts its samples: the batches' count stays off
-            sw.tree.phase(name).batch_samples = None
+        for name, count in parsed.batch_samples.items():  # the batches' count apart from the program's, as saved
+            phase = sw.tree.phase(name)
+            if count is not None and count > 0:  # (in the summary's samples, which the program did not count)
+                phase.counters.pop("samples", None)
+            phase.batch_samples = count
         dropped = int(parsed.summary.metadata.get("dropped_blocks") or 0)
         sw.span.resume(parsed.elapsed_ns, parsed.started_at, parsed.devices, dropped)
