@@ -12,16 +12,22 @@ implementation, and compared program by program.
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from stepwatch import Stopwatch
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "programs" / "block_ops.py"
@@ -153,3 +159,54 @@ def test_three_written_programs_record_the_same_in_both_and_what_they_ran() -> N
     assert validation["phases"]["train"]["stages"] == [["t", 3]], validation  # the thread's blocks, at its top
     assert not any(path.startswith(("a", "b")) for path, _ in validation["phases"]["train"]["stages"])
     assert left_open["phases"]["train"]["stages"] == [["a", 0], ["a/o", 0], ["a/o/b", 1]], left_open  # z forgotten
+
+
+def block_ops() -> ModuleType:
+    """``tests/programs/block_ops.py``, imported here (its programs run in this process)."""
+    spec = importlib.util.spec_from_file_location("block_ops", PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RUNNER = block_ops()
+unswitched = st.recursive(  # no switch, reset or block left open across the checkpoint: what a training would save
+    st.one_of(
+        st.tuples(st.just("block"), NAMES, st.just([])),
+        st.tuples(st.just("count"), st.integers(1, 64)),
+        st.tuples(st.just("crossed"), NAMES, NAMES),
+    ),
+    nested,
+    max_leaves=8,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(first=st.lists(unswitched, max_size=3), second=st.lists(unswitched, max_size=3))
+def test_a_run_split_by_a_checkpoint_records_what_it_records_whole(first: list[Any], second: list[Any]) -> None:
+    """Random programs (as above, without a switch, a reset or a block left open: what a training saves) run whole,
+    and run in two parts with ``state_dict()`` saved through ``torch.save`` and loaded
+    (``weights_only=True``) into a new stopwatch between them: the same stages and calls, steps, counters and
+    ``count()`` calls. It found a resumed run counting the batches' samples where the program's own count had
+    replaced them, and a loop left in a function that never closed (``test_resume.py``, ``test_switching.py``)."""
+    first, second = json.loads(json.dumps(first)), json.loads(json.dumps(second))  # (tuples as JSON gives them)
+    whole = stepwatch_running()
+    RUNNER.run(whole, first + second)
+    part = stepwatch_running()
+    RUNNER.run(part, first)
+    saved = io.BytesIO()
+    torch.save({"stepwatch": part.state_dict()}, saved)
+    saved.seek(0)
+    resumed = stepwatch_running()
+    resumed.load_state_dict(torch.load(saved, weights_only=True)["stepwatch"])
+    RUNNER.run(resumed, second)
+    assert RUNNER.records(resumed.summary(), resumed) == RUNNER.records(whole.summary(), whole)
+    for sw in (whole, part, resumed):
+        sw.disable()
+
+
+def stepwatch_running() -> Stopwatch:
+    sw = Stopwatch()
+    sw.enable()
+    return sw

@@ -125,6 +125,12 @@ def recorded(program: dict[str, Any]) -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {error}"}
     finally:
         api.disable()
+    return records(summary, owner)
+
+
+def records(summary: Any, owner: stepwatch.Stopwatch) -> dict[str, Any]:
+    """A summary's stages and their calls (not the computed ``other`` rows), steps, counters and ``count()`` calls
+    by phase, and the blocks ``owner`` dropped."""
     phases = {}
     for name, phase in ({} if summary is None else summary.phases).items():
         stages = sorted([path, stats.calls] for path, stats in phase.stages.items() if not path.endswith("other"))
