@@ -7,7 +7,8 @@ hand every case but the common one to general code; a program that takes a case 
 path that writes what the general one would not, records other stages, calls, steps, counters or drops.
 
 Each example is a batch of programs run by ``tests/programs/block_ops.py`` in two processes, one per
-implementation, and compared program by program.
+implementation, and compared program by program. The same programs, run here, also check what a run keeps across
+a checkpoint, a saved file and every format it renders to, and a data pipeline's rows with and without workers.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import stepwatch
 from stepwatch import Stopwatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,3 +212,118 @@ def stepwatch_running() -> Stopwatch:
     sw = Stopwatch()
     sw.enable()
     return sw
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(program=programs, trace_steps=st.sampled_from([None, 5]))
+def test_a_random_run_saved_and_loaded_is_the_same_and_renders_in_every_format(
+    tmp_path_factory: pytest.TempPathFactory, program: dict[str, Any], trace_steps: int | None
+) -> None:
+    """Any run, saved and loaded, is the summary it saved (but its elapsed time, which runs on between the two), and
+    renders as text, CSV, TSV, JSON, a trace and a page, and as the report, without an error."""
+    program = json.loads(json.dumps(program))
+    sw = Stopwatch()
+    sw.enable(**program["schedule"], trace_steps=trace_steps)
+    RUNNER.run(sw, program["ops"])
+    summary = sw.summary()
+    path = tmp_path_factory.mktemp("run") / "run.json"
+    sw.save(path)
+    saved, loaded = summary.to_dict(), stepwatch.load(path).to_dict()
+    saved.pop("elapsed")
+    loaded.pop("elapsed")
+    assert loaded == saved
+    for kind in ("text", "csv", "tsv", "json", "trace", "html"):
+        assert isinstance(stepwatch.render(summary, kind), str)
+    assert "stepwatch" in sw.report()
+    sw.disable()
+
+
+class Pipeline(torch.utils.data.Dataset[torch.Tensor]):
+    """A dataset whose reads run nested blocks of the program's own, and a transform timed by name."""
+
+    def __init__(self, length: int, plan: list[Any], transform: bool) -> None:
+        self.length, self.plan, self.transform = length, plan, transform
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        run_plan(self.plan)
+        sample = torch.tensor([float(index)])
+        return DOUBLED(sample) if self.transform else sample
+
+
+def run_plan(plan: list[Any]) -> None:
+    for name, inside in plan:
+        with stepwatch.timed(name):
+            run_plan(inside)
+
+
+def doubled(sample: torch.Tensor) -> torch.Tensor:
+    return sample * 2
+
+
+DOUBLED = stepwatch.timed_transform(doubled, "augment")
+
+
+def packed(batch: list[torch.Tensor]) -> torch.Tensor:
+    with stepwatch.timed("pack"):
+        return torch.utils.data.default_collate(batch)  # type: ignore[no-any-return]
+
+
+plans = st.recursive(
+    st.just([]), lambda inner: st.lists(st.tuples(st.sampled_from(["read", "decode"]), inner), max_size=2), max_leaves=3
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    length=st.integers(1, 10),
+    batch_size=st.integers(1, 4),
+    plan=plans,
+    transform=st.booleans(),
+    own_collate=st.booleans(),
+    epochs=st.integers(1, 2),
+    break_at=st.none() | st.integers(0, 3),
+    persistent=st.booleans(),
+)
+def test_a_random_pipeline_records_the_same_rows_with_and_without_workers(
+    length: int,
+    batch_size: int,
+    plan: list[Any],
+    transform: bool,
+    own_collate: bool,
+    epochs: int,
+    break_at: int | None,
+    persistent: bool,
+) -> None:
+    """Blocks nested in a dataset's reads, a timed transform and a collate of the program's own record the same
+    rows, calls, steps and samples whether the batches are made in the training's process or in two workers (forked,
+    persistent or not), over one or two epochs, broken out of or not."""
+    plan = json.loads(json.dumps(plan))
+
+    def rows(workers: int) -> dict[str, Any]:
+        stepwatch.disable()
+        stepwatch.reset()
+        stepwatch.enable()
+        loader = torch.utils.data.DataLoader(
+            Pipeline(length, plan, transform),
+            batch_size=batch_size,
+            num_workers=workers,
+            collate_fn=packed if own_collate else None,
+            persistent_workers=persistent and workers > 0,
+        )
+        for _ in range(epochs):
+            for index, _batch in enumerate(stepwatch.watch(loader)):
+                if index == break_at:
+                    break
+                with stepwatch.timed("forward"):
+                    pass
+        try:
+            return RUNNER.records(stepwatch.summary(), stepwatch._default_instance.stopwatch)  # type: ignore[no-any-return]
+        finally:
+            stepwatch.disable()
+            stepwatch.reset()
+
+    assert rows(2) == rows(0)
