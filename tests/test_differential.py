@@ -66,9 +66,16 @@ def nested(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 operations = st.recursive(leaves, nested, max_leaves=10)
-schedules = st.just({}) | st.fixed_dictionaries({"warmup": st.integers(0, 3), "active": st.integers(1, 4)})
+schedules = st.just({}) | st.fixed_dictionaries(
+    {"warmup": st.integers(0, 3), "active": st.integers(1, 4)}, optional={"every": st.integers(1, 6)}
+)
 programs = st.fixed_dictionaries(
-    {"on": st.sampled_from(["new", "default"]), "ops": st.lists(operations, max_size=4), "schedule": schedules}
+    {
+        "on": st.sampled_from(["new", "default"]),
+        "ops": st.lists(operations, max_size=4),
+        "schedule": schedules,
+        "log_every": st.none() | st.integers(1, 3),
+    }
 )
 
 

@@ -8,7 +8,8 @@ A program is a list of operations, each a list whose first item names it (nested
 then closed), ``crossed`` (two blocks closed in the wrong order), ``opened`` (a block entered and never closed),
 ``count``, ``toggle`` (``disable()`` then ``enable()``), ``reset`` and ``reload`` (``load_state_dict(state_dict())``).
 Each program runs on a new ``Stopwatch``, or on the default one through the module's functions (``"default"``),
-which is reset first, switched on with its ``schedule`` (``warmup``, ``active``) where it has one.
+which is reset first, switched on with its ``schedule`` (``warmup``, ``active``, ``every``) where it has one, a
+callback called every ``log_every`` training steps where it has one (how many times it was called is printed).
 """
 
 from __future__ import annotations
@@ -117,15 +118,18 @@ def recorded(program: dict[str, Any]) -> dict[str, Any]:
         owner = stepwatch._default_instance.stopwatch
     else:
         api = owner = stepwatch.Stopwatch()
-    api.enable(**program.get("schedule", {}))
+    logged: list[int] = []
     try:
+        api.enable(**program.get("schedule", {}))
+        if program.get("log_every"):
+            api.log_every(program["log_every"], lambda metrics: logged.append(len(metrics)))
         run(api, program["ops"])
         summary = api.summary()
     except Exception as error:  # compared between the two implementations
         return {"error": f"{type(error).__name__}: {error}"}
     finally:
         api.disable()
-    return records(summary, owner)
+    return {**records(summary, owner), "logged": len(logged)}
 
 
 def records(summary: Any, owner: stepwatch.Stopwatch) -> dict[str, Any]:
