@@ -66,8 +66,10 @@ def nested(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 operations = st.recursive(leaves, nested, max_leaves=10)
-schedules = st.just({}) | st.fixed_dictionaries(
-    {"warmup": st.integers(0, 3), "active": st.integers(1, 4)}, optional={"every": st.integers(1, 6)}
+schedules = st.just({}) | st.integers(1, 4).flatmap(
+    lambda active: st.fixed_dictionaries(
+        {"warmup": st.integers(0, 3), "active": st.just(active)}, optional={"every": st.integers(active, 6)}
+    )
 )
 programs = st.fixed_dictionaries(
     {
