@@ -124,6 +124,8 @@ def recorded(path: Path, pure: bool, program: Path = PROGRAM) -> list[str]:
 def test_random_programs_record_the_same_with_the_compiled_blocks_and_the_python_twin(
     tmp_path_factory: pytest.TempPathFactory, batch: list[dict[str, Any]]
 ) -> None:
+    """The module's check: it found a thread taking an ended thread's open blocks at a switch (``test_switching.py``),
+    where the two implementations agreed with each other but not from one run to the next."""
     path = tmp_path_factory.mktemp("programs") / "programs.json"
     path.write_text(json.dumps(batch))
     compiled, pure = recorded(path, pure=False), recorded(path, pure=True)
