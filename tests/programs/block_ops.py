@@ -119,16 +119,19 @@ def recorded(program: dict[str, Any]) -> dict[str, Any]:
     else:
         api = owner = stepwatch.Stopwatch()
     logged: list[int] = []
+    stop_logging = None
     try:
         api.enable(**program.get("schedule", {}))
         if program.get("log_every"):
-            api.log_every(program["log_every"], lambda metrics: logged.append(len(metrics)))
+            stop_logging = api.log_every(program["log_every"], lambda metrics: logged.append(len(metrics)))
         run(api, program["ops"])
         summary = api.summary()
     except Exception as error:  # compared between the two implementations
         return {"error": f"{type(error).__name__}: {error}"}
     finally:
         api.disable()
+        if stop_logging is not None:  # (the default stopwatch's callbacks would outlive the program)
+            stop_logging()
     return {**records(summary, owner), "logged": len(logged)}
 
 
