@@ -118,6 +118,16 @@ def recorded(path: Path, pure: bool, program: Path = PROGRAM) -> list[str]:
     return lines
 
 
+def recorded_the_same(batch: list[dict[str, Any]], path: Path, program: Path) -> None:
+    """``batch`` written to ``path`` and run by ``program`` on each implementation: the same records, program by
+    program."""
+    path.write_text(json.dumps(batch))
+    compiled, pure = recorded(path, pure=False, program=program), recorded(path, pure=True, program=program)
+    assert len(compiled) == len(pure) == len(batch)
+    for written, in_c, in_python in zip(batch, compiled, pure, strict=True):
+        assert json.loads(in_c) == json.loads(in_python), json.dumps(written)
+
+
 @pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batch=st.lists(programs, min_size=25, max_size=25))
@@ -126,12 +136,7 @@ def test_random_programs_record_the_same_with_the_compiled_blocks_and_the_python
 ) -> None:
     """The module's check: it found a thread taking an ended thread's open blocks at a switch (``test_switching.py``),
     where the two implementations agreed with each other but not from one run to the next."""
-    path = tmp_path_factory.mktemp("programs") / "programs.json"
-    path.write_text(json.dumps(batch))
-    compiled, pure = recorded(path, pure=False), recorded(path, pure=True)
-    assert len(compiled) == len(pure) == len(batch)
-    for program, in_c, in_python in zip(batch, compiled, pure, strict=True):
-        assert json.loads(in_c) == json.loads(in_python), json.dumps(program)
+    recorded_the_same(batch, tmp_path_factory.mktemp("programs") / "programs.json", PROGRAM)
 
 
 @pytest.mark.slow
@@ -145,13 +150,7 @@ def test_random_trainings_record_the_same_under_auto_with_its_compiled_wrappers_
     function, training and validation loops written as ``for`` statements or with ``next()``, broken out of, with
     a second forward, a submodule called alone, a forward that raises, accumulated gradients, a block and a
     ``count()`` of the program's own (``tests/programs/auto_ops.py``)."""
-    path = tmp_path_factory.mktemp("trainings") / "programs.json"
-    path.write_text(json.dumps(batch))
-    compiled = recorded(path, pure=False, program=AUTO_PROGRAM)
-    pure = recorded(path, pure=True, program=AUTO_PROGRAM)
-    assert len(compiled) == len(pure) == len(batch)
-    for program, in_c, in_python in zip(batch, compiled, pure, strict=True):
-        assert json.loads(in_c) == json.loads(in_python), json.dumps(program)
+    recorded_the_same(batch, tmp_path_factory.mktemp("trainings") / "programs.json", AUTO_PROGRAM)
 
 
 @pytest.mark.slow

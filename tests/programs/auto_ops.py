@@ -12,10 +12,9 @@ gradients), a ``timed`` block of the program's own around the forward, a ``count
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 from typing import Any
 
+import block_ops  # (this script's folder, first on sys.path)
 import torch
 from torch import nn
 from torch.nn import functional
@@ -98,8 +97,7 @@ def run_loop(model: nn.Sequential, loss_of: Any, optimizer: Any, loop: dict[str,
 
 
 def recorded(program: dict[str, Any]) -> dict[str, Any]:
-    """What one program recorded under ``auto()``: each phase's stages and calls (not the computed ``other``
-    rows), steps and counters, and the blocks dropped; or the error it raised."""
+    """What one program recorded under ``auto()`` (``block_ops.records``), or the error it raised."""
     torch.manual_seed(0)
     width = 2
     model = layers([*program["model"], "linear"], width)  # (a last linear layer: parameters to optimize)
@@ -117,20 +115,8 @@ def recorded(program: dict[str, Any]) -> dict[str, Any]:
     finally:
         stepwatch.auto(False)
         stepwatch.disable()
-    phases = {}
-    for name, phase in ({} if summary is None else summary.phases).items():
-        stages = sorted([path, stats.calls] for path, stats in phase.stages.items() if not path.endswith("other"))
-        phases[name] = {"stages": stages, "steps": phase.steps, "counters": dict(sorted(phase.counters.items()))}
-    return {"phases": phases, "dropped": stepwatch._default_instance.stopwatch.span.dropped_blocks}
-
-
-def main() -> None:
-    torch.set_num_threads(1)
-    print(f"compiled blocks: {stepwatch._block_base.COMPILED}", flush=True)
-    with open(sys.argv[1]) as programs:
-        for program in json.load(programs):
-            print(json.dumps(recorded(program), sort_keys=True), flush=True)
+    return block_ops.records(summary, stepwatch._default_instance.stopwatch)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":
-    main()
+    block_ops.main(recorded)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -150,12 +150,14 @@ def records(summary: Any, owner: stepwatch.Stopwatch) -> dict[str, Any]:
     return {"phases": phases, "dropped": owner.span.dropped_blocks}
 
 
-def main() -> None:
+def main(record: Callable[[dict[str, Any]], dict[str, Any]] = recorded) -> None:
+    """Which blocks run the programs (compiled or the Python twin), then what each program in the file named first
+    recorded (``record``: this module's programs, or ``auto_ops.py``'s), a line each."""
     torch.set_num_threads(1)
     print(f"compiled blocks: {stepwatch._block_base.COMPILED}", flush=True)
     with open(sys.argv[1]) as programs:
         for program in json.load(programs):
-            print(json.dumps(recorded(program), sort_keys=True), flush=True)
+            print(json.dumps(record(program), sort_keys=True), flush=True)
 
 
 if __name__ == "__main__":
