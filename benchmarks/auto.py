@@ -12,18 +12,23 @@ start in it: the first batch, ``auto()``'s learning steps, stepwatch's own cost 
 training pays); the targets are given for both. ``--collector paused`` collects before each run and disables
 the garbage collector during it (where a full collection falls moves a run by more than stepwatch's cost).
 Each paired median comes with its standard error (bootstrap over the repeats), and each target says whether its
-figure and its limit are more than two standard errors apart (``resolved``). Writes
-``benchmarks/results/auto.json`` and prints the figures.
+figure and its limit are more than two standard errors apart (``resolved``). The runs' own times are kept in the
+results (``runs``), with a hash of stepwatch's code; ``--append`` adds a new run's repeats to those of ``--out``
+where both timed the same code the same way, so that repeats taken over calm spells of the host pool (the host's
+speed moves a run by 60 to 130 us from one half second to the next: the standard error falls only as one over the
+square root of the repeats). Writes ``benchmarks/results/auto.json`` and prints the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -141,9 +146,16 @@ def main() -> None:
         help="two ways more, to split by hand's cost: with the program's own count(), and watch() alone (no blocks)",
     )
     parser.add_argument("--out", default=str(RESULTS / "auto.json"))
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add this run's repeats to those already in --out (the same code, steps, collector and ways)",
+    )
     args = parser.parse_args()
     if args.steps < WARM_STEPS + 10:
         parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
+    config = {"steps": args.steps, "collector": args.collector, "parts": args.parts, "code": code_hash()}
+    earlier = earlier_runs(Path(args.out), config) if args.append else {}
     model, optimizer, criterion, loader = build(args.steps)
 
     def loop(way: str, marks: list[int]) -> None:
@@ -184,17 +196,15 @@ def main() -> None:
         for way in ways:
             times[way].append(this[way])
         stepwatch.reset()
+    if earlier:
+        times = {way: earlier["runs"][way] + runs for way, runs in times.items()}
     estimates = own_estimates(model, optimizer, criterion, loader)
     result: dict[str, Any] = {}
     for span, suffix in (("whole", ""), ("steady", "_steady")):
         result.update(span_figures(times, span, suffix, estimates))
     result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
-    result["config"] = {
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "collector": args.collector,
-        "parts": args.parts,
-    }
+    result["config"] = {**config, "repeats": len(times["plain"]), "sittings": earlier.get("sittings", 0) + 1}
+    result["runs"] = {way: [list(run) for run in runs] for way, runs in times.items()}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for span, suffix in (("whole run", ""), (f"steady state (after step {WARM_STEPS})", "_steady")):
         print(f"over the {span}, the garbage collector {args.collector}:")
@@ -209,6 +219,33 @@ def main() -> None:
             if "resolved" in target:
                 met += f" (± {target['standard_error']:.4f}: {'' if target['resolved'] else 'not '}resolved)"
             print(f"  {name:60s} {target['value']:8.4f}  limit {target['limit']:6.3f}  {met}")
+
+
+def code_hash() -> str:
+    """A hash of stepwatch's installed code (its sources and compiled module), so that only runs of the same code
+    pool."""
+    package = Path(stepwatch.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".c", ".so"):
+            digest.update(path.relative_to(package).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def earlier_runs(out: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The runs and sittings already in ``out`` for ``--append``; exits with a one-line error where there are none,
+    or where they timed other code or another configuration."""
+    try:
+        saved = json.loads(out.read_text())
+        runs = {way: [Run(*run) for run in times] for way, times in saved["runs"].items()}
+        saved_config = saved["config"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        sys.exit(f"auto.py: --append: {out} holds no runs to add to ({type(error).__name__}: {error})")
+    differing = [key for key in config if saved_config.get(key) != config[key]]
+    if differing:
+        sys.exit(f"auto.py: --append: {out} timed another {', '.join(differing)}; not pooled")
+    return {"runs": runs, "sittings": saved_config.get("sittings", 1)}
 
 
 def span_figures(
