@@ -13,7 +13,9 @@ their mean steady step (from step ``WARM_STEPS``) has a standard error of 1 to 3
 - ``watch alone`` (its ``next()`` also timed apart), ``watch without its count`` (``counts_samples`` off) and
   ``timed_iter alone``: the loop's boundary and the data pipeline's timing, split;
 - ``five timed blocks`` around the stages of a plain loop, and ``five with lock`` (``threading.Lock``: a ``with``
-  statement whose own work is next to nothing): what a ``with`` statement costs in place, whoever provides it.
+  statement whose own work is next to nothing): what a ``with`` statement costs in place, whoever provides it;
+- ``ten us known``: the plain step and a wait of 10 us on the clock, a cost known in advance, which the figures must
+  read back (a check of the design and of its estimate, not of any cache).
 
 Interleaving has a bias of its own, which this measures rather than hides: between two of a way's steps run
 other steps (one on average, plus ``--fillers`` untimed plain steps a round), whose work pushes more of what
@@ -41,6 +43,7 @@ import os
 import platform
 import random
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from auto import build, verdict  # this script's folder, first on sys.path
+from auto import build, code_hash, verdict  # this script's folder, first on sys.path
 from scaling import WARM_STEPS, standard_error
 from torch.utils.data import DataLoader
 
@@ -63,8 +66,10 @@ WAYS = (
     "timed_iter alone",
     "five timed blocks",
     "five with lock",
+    "ten us known",
 )
 clock = time.perf_counter_ns
+KNOWN_NS = 10_000
 
 
 class Steps:
@@ -102,6 +107,20 @@ class Steps:
             self.optimizer.zero_grad()
         return clock() - start, fetched - start
 
+    def known(self, batches: Iterator[Any]) -> tuple[int, int]:
+        """The plain step, then a wait of ``KNOWN_NS`` on the clock."""
+        start = clock()
+        x, y = next(batches)
+        fetched = clock()
+        loss = self.criterion(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        until = clock() + KNOWN_NS
+        while clock() < until:
+            pass
+        return clock() - start, fetched - start
+
     def locked(self, batches: Iterator[Any]) -> tuple[int, int]:
         lock = self.lock
         start = clock()
@@ -131,6 +150,8 @@ def way_loop(way: str, loader: DataLoader[Any], steps: Steps) -> tuple[Iterator[
         return iter(stepwatch.timed_iter(loader)), steps.plain
     if way == "five timed blocks":
         return iter(loader), steps.timed
+    if way == "ten us known":
+        return iter(loader), steps.known
     return iter(loader), steps.locked if way == "five with lock" else steps.plain
 
 
@@ -149,11 +170,17 @@ def rounds(fillers: int, run_length: int, order: random.Random) -> Iterator[list
 
 
 def one_run(
-    way: str, loaders: dict[str, DataLoader[Any]], steps: Steps, fillers: int, order: random.Random, run_length: int = 1
-) -> dict[str, dict[str, float]]:
+    way: str,
+    loaders: dict[str, DataLoader[Any]],
+    steps: Steps,
+    fillers: int,
+    order: random.Random,
+    run_length: int = 1,
+    skip: int = 0,
+) -> dict[str, dict[str, Any]]:
     """One run of ``way`` interleaved with the plain loop (and ``fillers`` untimed plain steps a round, or the two
-    taken ``run_length`` steps in a row): each one's mean steady step and ``next()``, in ns (with a ``run_length``
-    above 1, the first step of each run of steps left out)."""
+    taken ``run_length`` steps in a row, the first ``skip`` of each run of steps left out): each one's mean steady
+    step and ``next()``, in ns, and its mean steady step at each place in a run of steps (``by_place``)."""
     gc.collect()
     gc.disable()
     stepwatch.enable()
@@ -162,7 +189,7 @@ def one_run(
         filler = iter(loaders["filler"])
         batches, step = way_loop(way, loaders["way"], steps)
         times: dict[str, list[tuple[int, int]]] = {"plain": [], "way": []}
-        counted: dict[str, list[bool]] = {"plain": [], "way": []}  # whether each step follows one of its own
+        places: dict[str, list[int]] = {"plain": [], "way": []}  # each step's place in its run of steps (from 0)
         last = ""
         for round_ in rounds(fillers, run_length, order):
             if len(times["plain"]) == len(loaders["plain"]):
@@ -171,7 +198,7 @@ def one_run(
                 if kind in times:
                     if len(times[kind]) == len(loaders[kind]):
                         continue  # (the last round's runs cut at the end of the data)
-                    counted[kind].append(run_length == 1 or last == kind)
+                    places[kind].append(places[kind][-1] + 1 if last == kind and run_length > 1 else 0)
                     last = kind
                 if kind == "plain":
                     times["plain"].append(steps.plain(plain))
@@ -190,12 +217,17 @@ def one_run(
         stepwatch.disable()
         gc.enable()
     stepwatch.reset()
-    figures = {}
+    figures: dict[str, dict[str, Any]] = {}
     for kind, runs in times.items():
-        kept = [run for run, counts in zip(runs[WARM_STEPS:], counted[kind][WARM_STEPS:], strict=True) if counts]
+        steady = list(zip(runs[WARM_STEPS:], places[kind][WARM_STEPS:], strict=True))
+        kept = [run for run, place in steady if place >= skip]
         figures[kind] = {
             "step": statistics.fmean(whole for whole, _ in kept),
             "next": statistics.fmean(fetch for _, fetch in kept),
+            "by_place": [
+                statistics.fmean([whole for (whole, _), at in steady if at == place] or [float("nan")])
+                for place in range(run_length)
+            ],
         }
     return figures
 
@@ -210,9 +242,17 @@ def main() -> None:
         "--run-length",
         type=int,
         default=1,
-        help="steps of each loop in a row, the first of each run not counted (1: step by step, shuffled with fillers)",
+        help="steps of each loop in a row (1: step by step, shuffled with fillers)",
+    )
+    parser.add_argument(
+        "--skip", type=int, default=2, help="with --run-length: the steps of each run not counted, from its start"
     )
     parser.add_argument("--out", default=str(RESULTS / "interleaved.json"))
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add this sitting's runs to those already in --out (the same code and configuration)",
+    )
     args = parser.parse_args()
     if args.steps < WARM_STEPS + 10:
         parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
@@ -228,57 +268,101 @@ def main() -> None:
         parser.error("--run-length must be at least 1")
     if args.run_length > 1 and fillers != [0]:
         parser.error("--run-length above 1 takes no fillers: give --fillers 0")
+    skip = args.skip if args.run_length > 1 else 0
+    if not 0 <= skip < args.run_length:
+        parser.error("--skip must be at least 0 and less than --run-length")
     ways = args.ways.split(",")
     if unknown := set(ways) - set(WAYS):
         parser.error(f"--ways: unknown {sorted(unknown)}; the ways are {', '.join(WAYS)}")
-    model, optimizer, criterion, loader = build(args.steps)
-    steps = Steps(model, optimizer, criterion)
-    order = random.Random(0)
-    result: dict[str, Any] = {"figures": {}}
-    for count in fillers:
-        figures: dict[str, Any] = {}
-        for way in ways:
-            loaders = {kind: DataLoader(loader.dataset, batch_size=64) for kind in ("plain", "way", "filler")}
-            one_run(way, loaders, steps, count, order, args.run_length)  # warm the path
-            runs = [one_run(way, loaders, steps, count, order, args.run_length) for _ in range(args.repeats)]
-            step = [run["way"]["step"] - run["plain"]["step"] for run in runs]
-            fetch = [run["way"]["next"] - run["plain"]["next"] for run in runs]
-            plain_step = statistics.median(run["plain"]["step"] for run in runs)
-            figures[way] = {
-                "added_ns": statistics.median(step),
-                "added_standard_error_ns": standard_error(step),
-                "share": statistics.median(step) / plain_step,
-                "next_added_ns": statistics.median(fetch),
-                "next_added_standard_error_ns": standard_error(fetch),
-                "plain_step_ns": plain_step,
-                "differences_ns": step,
-            }
-            if way == "by hand":  # target 4 of issue 21, for the steady step
-                error = figures[way]["added_standard_error_ns"] / plain_step
-                figures[way]["target_under_half_a_percent"] = verdict(figures[way]["share"], 0.005, error)
-            print(
-                f"fillers {count}  {way:24s} +{figures[way]['added_ns'] / 1e3:6.2f} ± "
-                f"{figures[way]['added_standard_error_ns'] / 1e3:4.2f} us a step ({figures[way]['share']:.2%}), "
-                f"next() +{figures[way]['next_added_ns'] / 1e3:6.2f} ± "
-                f"{figures[way]['next_added_standard_error_ns'] / 1e3:4.2f} us",
-                flush=True,
-            )
-            if target := figures[way].get("target_under_half_a_percent"):
-                print(
-                    f"  by hand adds < 0.5% of the step: {target['value']:.4f} ± {target['standard_error']:.4f}, "
-                    f"{'met' if target['met'] else 'NOT met'}, {'' if target['resolved'] else 'not '}resolved"
-                )
-        result["figures"][str(count)] = figures
-    result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
-    result["config"] = {
+    config = {
         "steps": args.steps,
-        "repeats": args.repeats,
         "fillers": fillers,
         "ways": ways,
         "run_length": args.run_length,
+        "skip": skip,
         "warm_steps": WARM_STEPS,
+        "code": code_hash(),
     }
+    earlier = earlier_runs(Path(args.out), config) if args.append else {}
+    model, optimizer, criterion, loader = build(args.steps)
+    steps = Steps(model, optimizer, criterion)
+    order = random.Random(earlier.get("sittings", 0))  # (other orders for each sitting)
+    result: dict[str, Any] = {"figures": {}, "runs": {}}
+    for count in fillers:
+        result["figures"][str(count)], result["runs"][str(count)] = {}, {}
+        for way in ways:
+            loaders = {kind: DataLoader(loader.dataset, batch_size=64) for kind in ("plain", "way", "filler")}
+            one_run(way, loaders, steps, count, order, args.run_length, skip)  # warm the path
+            runs = earlier.get(str(count), {}).get(way, [])
+            runs += [one_run(way, loaders, steps, count, order, args.run_length, skip) for _ in range(args.repeats)]
+            result["runs"][str(count)][way] = runs
+            result["figures"][str(count)][way] = figures = way_figures(way, runs, args.run_length)
+            print_figures(count, way, figures)
+    result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    repeats = len(result["runs"][str(fillers[0])][ways[0]])
+    result["config"] = {**config, "repeats": repeats, "sittings": earlier.get("sittings", 0) + 1}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def earlier_runs(out: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The runs already in ``out`` by fillers and way, and its sittings, for ``--append``; exits with a one-line
+    error where there are none, or where they timed other code or another configuration."""
+    try:
+        saved = json.loads(out.read_text())
+        runs: dict[str, Any] = saved["runs"]
+        saved_config = saved["config"]
+        sittings = int(saved_config.get("sittings", 1))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        sys.exit(f"interleaved.py: --append: {out} holds no runs to add to ({type(error).__name__}: {error})")
+    differing = [key for key in config if saved_config.get(key) != config[key]]
+    if differing:
+        sys.exit(f"interleaved.py: --append: {out} timed another {', '.join(differing)}; not pooled")
+    return {**runs, "sittings": sittings}
+
+
+def way_figures(way: str, runs: list[dict[str, dict[str, Any]]], run_length: int) -> dict[str, Any]:
+    """A way's figures over its runs: the medians of the paired differences against the plain loop of each run,
+    their standard errors, the share of the plain step, and by hand's verdict against target 4 (0.5%)."""
+    step = [run["way"]["step"] - run["plain"]["step"] for run in runs]
+    fetch = [run["way"]["next"] - run["plain"]["next"] for run in runs]
+    plain_step = statistics.median(run["plain"]["step"] for run in runs)
+    figures: dict[str, Any] = {
+        "added_ns": statistics.median(step),
+        "added_standard_error_ns": standard_error(step),
+        "share": statistics.median(step) / plain_step,
+        "next_added_ns": statistics.median(fetch),
+        "next_added_standard_error_ns": standard_error(fetch),
+        "plain_step_ns": plain_step,
+    }
+    if run_length > 1:  # how many steps of a run it takes for the way's added cost to settle
+        by_place = [
+            [run["way"]["by_place"][place] - run["plain"]["by_place"][place] for run in runs]
+            for place in range(run_length)
+        ]
+        figures["added_by_place_ns"] = [statistics.median(place) for place in by_place]
+        figures["added_by_place_standard_error_ns"] = [standard_error(place) for place in by_place]
+    if way == "by hand":  # target 4 of issue 21, for the steady step
+        error = figures["added_standard_error_ns"] / plain_step
+        figures["target_under_half_a_percent"] = verdict(figures["share"], 0.005, error)
+    return figures
+
+
+def print_figures(fillers: int, way: str, figures: dict[str, Any]) -> None:
+    print(
+        f"fillers {fillers}  {way:24s} +{figures['added_ns'] / 1e3:6.2f} ± "
+        f"{figures['added_standard_error_ns'] / 1e3:4.2f} us a step ({figures['share']:.2%}), "
+        f"next() +{figures['next_added_ns'] / 1e3:6.2f} ± "
+        f"{figures['next_added_standard_error_ns'] / 1e3:4.2f} us",
+        flush=True,
+    )
+    if "added_by_place_ns" in figures:
+        places = zip(figures["added_by_place_ns"], figures["added_by_place_standard_error_ns"], strict=True)
+        print("  by place in a run: " + ", ".join(f"{v / 1e3:.1f} ± {e / 1e3:.1f}" for v, e in places))
+    if target := figures.get("target_under_half_a_percent"):
+        print(
+            f"  by hand adds < 0.5% of the step: {target['value']:.4f} ± {target['standard_error']:.4f}, "
+            f"{'met' if target['met'] else 'NOT met'}, {'' if target['resolved'] else 'not '}resolved"
+        )
 
 
 if __name__ == "__main__":
