@@ -24,13 +24,14 @@ what a loop of its own pays (which ``auto.py`` measures, unbiased and noisier). 
 between is cache misses: the figures at 0 and at 2 fillers show how much.
 
 ``--run-length K`` takes each loop's steps K in a row instead (a round: K plain steps and K of the way's, the two
-runs in a shuffled order, no fillers), and leaves the first step of each run out of the figures: every step
-counted then follows a step of its own loop, as in a loop of its own (the caches as its last step left them, its
-own cost within them), and a step just after the other loop's run, colder or evicted by it, counts for neither. The
-host's speed wanders from one step to the next but far less than from one half second to the next (``auto.py``'s
-pairing of whole runs): in a 3,000-step plain loop, the difference of two adjacent runs of 5 steps varied about 150
-times less per step measured than that of two adjacent runs of 168, so runs of a few steps resolve in minutes what
-paired whole runs do not in hours. The figures at K = 4, 8 and 16 show whether what is left of the bias moves them.
+runs in a shuffled order, no fillers; a run may follow one of its own kind from the round before, up to 2K in a
+row), and leaves the first ``--skip`` steps of each run out of the figures: a step counted then follows steps of
+its own loop, as in a loop of its own, and the steps just after the other loop's run, colder or evicted by it,
+count for neither. Each way's added cost is also given by its place in a run (``added_by_place_ns``): how many
+steps of its own it takes to settle, which says what ``--skip`` must be (on 2026-12-07, about four for by hand:
+with K = 2 and the first step left out it read twice what longer runs did). The host's speed wanders from one
+step to the next less than from one half second to the next (``auto.py``'s pairing of whole runs), so runs of a
+few steps cancel more of it. ``ten us known``, read back, checks the design's scale.
 Writes ``benchmarks/results/interleaved.json`` and prints the figures (microseconds added per step).
 """
 
@@ -38,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -226,7 +229,7 @@ def one_run(
             "next": statistics.fmean(fetch for _, fetch in kept),
             "by_place": [
                 statistics.fmean([whole for (whole, _), at in steady if at == place] or [float("nan")])
-                for place in range(run_length)
+                for place in range(2 * run_length)  # (a run of steps may follow one of its own: 2K in a row)
             ],
         }
     return figures
@@ -336,9 +339,14 @@ def way_figures(way: str, runs: list[dict[str, dict[str, Any]]], run_length: int
     }
     if run_length > 1:  # how many steps of a run it takes for the way's added cost to settle
         by_place = [
-            [run["way"]["by_place"][place] - run["plain"]["by_place"][place] for run in runs]
-            for place in range(run_length)
+            [
+                difference
+                for run in runs
+                if not math.isnan(difference := run["way"]["by_place"][place] - run["plain"]["by_place"][place])
+            ]
+            for place in range(2 * run_length)
         ]
+        by_place = list(itertools.takewhile(lambda place: len(place) >= 2, by_place))  # (places some runs reach)
         figures["added_by_place_ns"] = [statistics.median(place) for place in by_place]
         figures["added_by_place_standard_error_ns"] = [standard_error(place) for place in by_place]
     if way == "by hand":  # target 4 of issue 21, for the steady step
