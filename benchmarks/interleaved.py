@@ -304,7 +304,34 @@ def main() -> None:
     result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
     repeats = len(result["runs"][str(fillers[0])][ways[0]])
     result["config"] = {**config, "repeats": repeats, "sittings": earlier.get("sittings", 0) + 1}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write(Path(args.out), result)
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    """The results with their figures one to a line and the runs (whole nanoseconds) on one line each way: a
+    thousand repeats take about 1 MB one number to a line."""
+    runs = result["runs"]
+    whole = {
+        fillers: {way: [rounded(run) for run in way_runs] for way, way_runs in by_way.items()}
+        for fillers, by_way in runs.items()
+    }
+    text = json.dumps({key: value for key, value in result.items() if key != "runs"}, indent=1)
+    lines = [
+        f" {json.dumps(fillers)}: {{"
+        + ",".join(f"\n  {json.dumps(way)}: {json.dumps(way_runs)}" for way, way_runs in by_way.items())
+        + "\n }"
+        for fillers, by_way in whole.items()
+    ]
+    out.write_text(text.removesuffix("\n}") + ',\n "runs": {\n' + ",\n".join(lines) + "\n }\n}\n")
+
+
+def rounded(value: Any) -> Any:
+    """``value`` with each finite float rounded to a whole number (nanoseconds), in nested dicts and lists."""
+    if isinstance(value, dict):
+        return {key: rounded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [rounded(item) for item in value]
+    return round(value) if isinstance(value, float) and math.isfinite(value) else value
 
 
 def earlier_runs(out: Path, config: dict[str, Any]) -> dict[str, Any]:
