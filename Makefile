@@ -47,6 +47,8 @@ bench: setup
 	$(BIN)/python benchmarks/workers.py
 	$(BIN)/python benchmarks/auto.py
 	$(BIN)/python benchmarks/interleaved.py
+	$(BIN)/python benchmarks/interleaved.py --fillers 0 --run-length 8 --skip 4 --repeats 200 \
+		--ways "by hand,plain again,ten us known" --out benchmarks/results/interleaved_runs.json
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/gather.py
 	$(BIN)/python benchmarks/live.py
