@@ -155,7 +155,7 @@ def main() -> None:
     if args.steps < WARM_STEPS + 10:
         parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
     config = {"steps": args.steps, "collector": args.collector, "parts": args.parts, "code": code_hash()}
-    earlier = earlier_runs(Path(args.out), config) if args.append else {}
+    earlier, sittings = earlier_runs(Path(args.out), config) if args.append else ({}, 0)
     model, optimizer, criterion, loader = build(args.steps)
 
     def loop(way: str, marks: list[int]) -> None:
@@ -197,13 +197,13 @@ def main() -> None:
             times[way].append(this[way])
         stepwatch.reset()
     if earlier:
-        times = {way: earlier["runs"][way] + runs for way, runs in times.items()}
+        times = {way: [Run(*run) for run in earlier[way]] + runs for way, runs in times.items()}
     estimates = own_estimates(model, optimizer, criterion, loader)
     result: dict[str, Any] = {}
     for span, suffix in (("whole", ""), ("steady", "_steady")):
         result.update(span_figures(times, span, suffix, estimates))
     result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
-    result["config"] = {**config, "repeats": len(times["plain"]), "sittings": earlier.get("sittings", 0) + 1}
+    result["config"] = {**config, "repeats": len(times["plain"]), "sittings": sittings + 1}
     result["runs"] = {way: [list(run) for run in runs] for way, runs in times.items()}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for span, suffix in (("whole run", ""), (f"steady state (after step {WARM_STEPS})", "_steady")):
@@ -233,19 +233,20 @@ def code_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-def earlier_runs(out: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The runs and sittings already in ``out`` for ``--append``; exits with a one-line error where there are none,
-    or where they timed other code or another configuration."""
+def earlier_runs(out: Path, config: dict[str, Any], script: str = "auto.py") -> tuple[dict[str, Any], int]:
+    """The runs already in ``out`` and its sittings, for ``--append`` (this script's and ``interleaved.py``'s); exits
+    with a one-line error where there are none, or where they timed other code or another configuration."""
     try:
         saved = json.loads(out.read_text())
-        runs = {way: [Run(*run) for run in times] for way, times in saved["runs"].items()}
+        runs: dict[str, Any] = dict(saved["runs"])
         saved_config = saved["config"]
+        sittings = int(saved_config.get("sittings", 1))
     except (OSError, ValueError, KeyError, TypeError) as error:
-        sys.exit(f"auto.py: --append: {out} holds no runs to add to ({type(error).__name__}: {error})")
+        sys.exit(f"{script}: --append: {out} holds no runs to add to ({type(error).__name__}: {error})")
     differing = [key for key in config if saved_config.get(key) != config[key]]
     if differing:
-        sys.exit(f"auto.py: --append: {out} timed another {', '.join(differing)}; not pooled")
-    return {"runs": runs, "sittings": saved_config.get("sittings", 1)}
+        sys.exit(f"{script}: --append: {out} timed another {', '.join(differing)}; not pooled")
+    return runs, sittings
 
 
 def span_figures(

@@ -47,7 +47,6 @@ import os
 import platform
 import random
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from auto import build, code_hash, verdict  # this script's folder, first on sys.path
+from auto import build, code_hash, earlier_runs, verdict  # this script's folder, first on sys.path
 from scaling import WARM_STEPS, standard_error
 from torch.utils.data import DataLoader
 
@@ -287,10 +286,10 @@ def main() -> None:
         "warm_steps": WARM_STEPS,
         "code": code_hash(),
     }
-    earlier = earlier_runs(Path(args.out), config) if args.append else {}
+    earlier, sittings = earlier_runs(Path(args.out), config, "interleaved.py") if args.append else ({}, 0)
     model, optimizer, criterion, loader = build(args.steps)
     steps = Steps(model, optimizer, criterion)
-    order = random.Random(earlier.get("sittings", 0))  # (other orders for each sitting)
+    order = random.Random(sittings)  # (other orders for each sitting)
     result: dict[str, Any] = {"figures": {}, "runs": {}}
     for count in fillers:
         result["figures"][str(count)], result["runs"][str(count)] = {}, {}
@@ -304,7 +303,7 @@ def main() -> None:
             print_figures(count, way, figures)
     result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
     repeats = len(result["runs"][str(fillers[0])][ways[0]])
-    result["config"] = {**config, "repeats": repeats, "sittings": earlier.get("sittings", 0) + 1}
+    result["config"] = {**config, "repeats": repeats, "sittings": sittings + 1}
     write(Path(args.out), result)
 
 
@@ -333,22 +332,6 @@ def rounded(value: Any) -> Any:
     if isinstance(value, list):
         return [rounded(item) for item in value]
     return round(value) if isinstance(value, float) and math.isfinite(value) else value
-
-
-def earlier_runs(out: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The runs already in ``out`` by fillers and way, and its sittings, for ``--append``; exits with a one-line
-    error where there are none, or where they timed other code or another configuration."""
-    try:
-        saved = json.loads(out.read_text())
-        runs: dict[str, Any] = saved["runs"]
-        saved_config = saved["config"]
-        sittings = int(saved_config.get("sittings", 1))
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        sys.exit(f"interleaved.py: --append: {out} holds no runs to add to ({type(error).__name__}: {error})")
-    differing = [key for key in config if saved_config.get(key) != config[key]]
-    if differing:
-        sys.exit(f"interleaved.py: --append: {out} timed another {', '.join(differing)}; not pooled")
-    return {**runs, "sittings": sittings}
 
 
 def way_figures(way: str, runs: list[dict[str, dict[str, Any]]], run_length: int) -> dict[str, Any]:
