@@ -49,6 +49,10 @@ bench: setup
 	$(BIN)/python benchmarks/interleaved.py
 	$(BIN)/python benchmarks/interleaved.py --fillers 0 --run-length 8 --skip 4 --repeats 200 \
 		--ways "by hand,plain again,ten us known" --out benchmarks/results/interleaved_runs.json
+	$(BIN)/python benchmarks/interleaved.py --fillers 0 --run-length 8 --skip 4 --repeats 200 \
+		--ways "by hand,floor,plain again" --out benchmarks/results/interleaved_floor.json
+	$(BIN)/python benchmarks/interleaved.py --fillers 0 --run-length 16 --skip 8 --repeats 200 \
+		--ways "by hand,floor,plain again" --out benchmarks/results/interleaved_floor_16.json
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/gather.py
 	$(BIN)/python benchmarks/live.py

@@ -14,9 +14,9 @@ the garbage collector during it (where a full collection falls moves a run by mo
 Each paired median comes with its standard error (bootstrap over the repeats), and each target says whether its
 figure and its limit are more than two standard errors apart (``resolved``). The runs' own times are kept in the
 results (``runs``), with a hash of stepwatch's code; ``--append`` adds a new run's repeats to those of ``--out``
-where both timed the same code the same way, so that repeats taken over calm spells of the host pool (the host's
-speed moves a run by 60 to 130 us from one half second to the next: the standard error falls only as one over the
-square root of the repeats). Writes ``benchmarks/results/auto.json`` and prints the figures.
+where both timed the same code the same way on the same host, so that repeats taken over calm spells of the host
+pool (the host's speed moves a run by 60 to 130 us from one half second to the next: the standard error falls only
+as one over the square root of the repeats). Writes ``benchmarks/results/auto.json`` and prints the figures.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -35,7 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from scaling import WARM_STEPS, resolved, run_with_collector, standard_error  # this script's folder, first on sys.path
+from scaling import WARM_STEPS, machine, resolved, run_with_collector, standard_error  # this script's folder
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -149,12 +147,18 @@ def main() -> None:
     parser.add_argument(
         "--append",
         action="store_true",
-        help="add this run's repeats to those already in --out (the same code, steps, collector and ways)",
+        help="add this run's repeats to those already in --out (the same code, steps, collector, ways and host)",
     )
     args = parser.parse_args()
     if args.steps < WARM_STEPS + 10:
         parser.error(f"--steps must be at least {WARM_STEPS + 10}: the steady state starts after {WARM_STEPS} steps")
-    config = {"steps": args.steps, "collector": args.collector, "parts": args.parts, "code": code_hash()}
+    config = {
+        "steps": args.steps,
+        "collector": args.collector,
+        "parts": args.parts,
+        "code": code_hash(),
+        "host": machine()["cpu"],
+    }
     earlier, sittings = earlier_runs(Path(args.out), config) if args.append else ({}, 0)
     model, optimizer, criterion, loader = build(args.steps)
 
@@ -202,7 +206,7 @@ def main() -> None:
     result: dict[str, Any] = {}
     for span, suffix in (("whole", ""), ("steady", "_steady")):
         result.update(span_figures(times, span, suffix, estimates))
-    result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    result["machine"] = machine()
     result["config"] = {**config, "repeats": len(times["plain"]), "sittings": sittings + 1}
     result["runs"] = {way: [list(run) for run in runs] for way, runs in times.items()}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

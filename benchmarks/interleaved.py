@@ -15,7 +15,10 @@ their mean steady step (from step ``WARM_STEPS``) has a standard error of 1 to 3
 - ``five timed blocks`` around the stages of a plain loop, and ``five with lock`` (``threading.Lock``: a ``with``
   statement whose own work is next to nothing): what a ``with`` statement costs in place, whoever provides it;
 - ``ten us known``: the plain step and a wait of 10 us on the clock, a cost known in advance, which the figures must
-  read back (a check of the design and of its estimate, not of any cache).
+  read back (a check of the design and of its estimate, not of any cache);
+- ``floor``: by hand's loop timed by ``benchmarks/floor/floor.c`` (``footprint.py --floor``'s floor, built here):
+  ``watch()`` and five ``timed`` blocks in the same shape, whose C reads the clock and keeps a total, no more; what
+  any implementation of by hand's calls pays in place (the ``with`` statements, the calls, the clock).
 
 Interleaving has a bias of its own, which this measures rather than hides: between two of a way's steps run
 other steps (one on average, plus ``--fillers`` untimed plain steps a round), whose work pushes more of what
@@ -40,22 +43,23 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import itertools
 import json
 import math
-import os
-import platform
 import random
 import statistics
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 from auto import build, code_hash, earlier_runs, verdict  # this script's folder, first on sys.path
-from scaling import WARM_STEPS, standard_error
+from footprint import build_floor
+from scaling import WARM_STEPS, machine, standard_error
 from torch.utils.data import DataLoader
 
 import stepwatch
@@ -70,9 +74,11 @@ WAYS = (
     "five timed blocks",
     "five with lock",
     "ten us known",
+    "floor",
 )
 clock = time.perf_counter_ns
 KNOWN_NS = 10_000
+floor: Any = None  # benchmarks/floor/floor.c, built and imported where the ways include the floor
 
 
 class Steps:
@@ -107,6 +113,23 @@ class Steps:
         with stepwatch.timed("optimizer"):
             self.optimizer.step()
         with stepwatch.timed("zero_grad"):
+            self.optimizer.zero_grad()
+        return clock() - start, fetched - start
+
+    def floor(self, batches: Iterator[Any]) -> tuple[int, int]:
+        """By hand's step timed by the floor (``floor.timed``: the same bytecode as ``stepwatch.timed``)."""
+        start = clock()
+        x, y = next(batches)
+        fetched = clock()
+        with floor.timed("forward"):
+            out = self.model(x)
+        with floor.timed("loss"):
+            loss = self.criterion(out, y)
+        with floor.timed("backward"):
+            loss.backward()
+        with floor.timed("optimizer"):
+            self.optimizer.step()
+        with floor.timed("zero_grad"):
             self.optimizer.zero_grad()
         return clock() - start, fetched - start
 
@@ -150,6 +173,8 @@ def way_loop(way: str, loader: DataLoader[Any], steps: Steps) -> tuple[Iterator[
         return iter(loader), steps.timed
     if way == "ten us known":
         return iter(loader), steps.known
+    if way == "floor":
+        return floor.watch(loader), steps.floor
     return iter(loader), steps.locked if way == "five with lock" else steps.plain
 
 
@@ -211,6 +236,8 @@ def one_run(
         for rest in (plain, batches):
             for _ in rest:  # the end of the data: the watched loop closes its last step
                 raise AssertionError("the loaders are of one length")
+        if way == "floor" and floor.calls("forward") == 0:
+            raise AssertionError("the floor's blocks were not timed")
     finally:
         stepwatch.disable()
         gc.enable()
@@ -249,7 +276,7 @@ def main() -> None:
     parser.add_argument(
         "--append",
         action="store_true",
-        help="add this sitting's runs to those already in --out (the same code and configuration)",
+        help="add this sitting's runs to those already in --out (the same code, configuration and host)",
     )
     args = parser.parse_args()
     if args.steps < WARM_STEPS + 10:
@@ -280,8 +307,11 @@ def main() -> None:
         "skip": skip,
         "warm_steps": WARM_STEPS,
         "code": code_hash(),
+        "host": machine()["cpu"],
     }
     earlier, sittings = earlier_runs(Path(args.out), config, "interleaved.py") if args.append else ({}, 0)
+    if "floor" in ways:
+        load_floor()
     model, optimizer, criterion, loader = build(args.steps)
     steps = Steps(model, optimizer, criterion)
     order = random.Random(sittings)  # (other orders for each sitting)
@@ -296,10 +326,17 @@ def main() -> None:
             result["runs"][str(count)][way] = runs
             result["figures"][str(count)][way] = figures = way_figures(way, runs, args.run_length)
             print_figures(count, way, figures)
-    result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    result["machine"] = machine()
     repeats = len(result["runs"][str(fillers[0])][ways[0]])
     result["config"] = {**config, "repeats": repeats, "sittings": sittings + 1}
     write(Path(args.out), result)
+
+
+def load_floor() -> None:
+    """Builds ``benchmarks/floor/floor.c`` into a folder of its own and imports it as ``floor``."""
+    global floor
+    sys.path.insert(0, str(build_floor(tempfile.mkdtemp(prefix="interleaved-floor-"))))
+    floor = importlib.import_module("floor")
 
 
 def write(out: Path, result: dict[str, Any]) -> None:

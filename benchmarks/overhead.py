@@ -13,7 +13,6 @@ import contextlib
 import gc
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -245,7 +244,7 @@ def training_step_cost(steps: int, repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
-    from scaling import resolved  # this script's folder, first on sys.path
+    from scaling import machine, resolved  # this script's folder, first on sys.path
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=200_000, help="iterations per timer per repeat")
@@ -325,7 +324,7 @@ def main() -> None:
             target["resolved"] = resolved(target["value"], target["limit"], target["standard_error"])
 
     result = {
-        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        "machine": machine(),
         "cpu_count": os.cpu_count(),
         "settings": vars(args),
         "ns_per_iteration_minus_bare_loop": ns,

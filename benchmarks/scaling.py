@@ -100,6 +100,36 @@ def paired(ways: dict[str, Callable[[], dict[str, float]]], repeats: int, collec
     return figures
 
 
+def machine() -> dict[str, Any]:
+    """The host the figures were taken on: Python, torch, CPUs, the processor and its caches (Linux; "" where not
+    read). Two hosts of one kind read the same code's cost several microseconds a step apart (2026-12-07), so a
+    result names its host and ``--append`` pools only sittings of the same one."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            info.setdefault(key, value)
+    except OSError:
+        pass
+    caches = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches.append(f"L{level}{'' if kind == 'Unified' else kind[0].lower()} {size}")
+    cpu = info.get("model name", "") + (
+        f" (family {info['cpu family']}, model {info['model']})" if "cpu family" in info and "model" in info else ""
+    )
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "cpu": cpu or platform.processor() or platform.machine(),
+        "caches": ", ".join(caches),
+    }
+
+
 def standard_error(differences: list[float], resamples: int = 2000) -> float:
     """The standard error of the median of paired differences, by bootstrap (the repeats resampled with
     replacement, a fixed seed): how far the median could move with other repeats of the same machine. With 90
@@ -353,7 +383,7 @@ def main() -> None:
         if "model" in parts:
             result[f"by_module_calls{suffix}"] = model_table(args.steps, args.repeats, mode, calls)
     result["device_double"] = device_run(args.steps, args.repeats) if "device" in parts else {}
-    result["machine"] = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    result["machine"] = machine()
     result["config"] = {"steps": args.steps, "repeats": args.repeats, "collector": modes, "calls": calls}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for mode in modes:
