@@ -31,11 +31,11 @@ runs in a shuffled order, no fillers; a run may follow one of its own kind from 
 row), and leaves the first ``--skip`` steps of each run out of the figures: a step counted then follows steps of
 its own loop, as in a loop of its own, and the steps just after the other loop's run, colder or evicted by it,
 count for neither. Each way's added cost is also given by its place in a run (``added_by_place_ns``): how many
-steps of its own it takes to settle, which says what ``--skip`` must be (on 2026-12-07, by hand's was 26 and 16 us
-at a run's first two steps against 12 to 16 at the next eight; with K = 2 and only the first step left out it read
-about twice what longer runs did; ``make bench`` takes K = 8 and 4 left out). The host's speed wanders from one
-step to the next less than from one half second to the next (``auto.py``'s pairing of whole runs), so runs of a
-few steps cancel more of it. ``ten us known``, read back, checks the design's scale.
+steps of its own it takes to settle, which says what ``--skip`` must be (on 2026-12-07's first host, by hand's was
+26 and 16 us at a run's first two steps against 12 to 16 at the next eight; with K = 2 and only the first step left
+out it read about twice what longer runs did; ``make bench`` takes K = 8 and 4 left out, and K = 16 and 8). The
+host's speed wanders from one step to the next less than from one half second to the next (``auto.py``'s pairing of
+whole runs), so runs of a few steps cancel more of it. ``ten us known``, read back, checks the design's scale.
 Writes ``benchmarks/results/interleaved.json`` and prints the figures (microseconds added per step).
 """
 
