@@ -325,6 +325,23 @@ def test_the_loader_configuration_is_recorded() -> None:
     assert isinstance(config["torch_threads"], int)
 
 
+def test_the_machine_s_cores_are_read_once_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``os.cpu_count()`` reads a file of /sys (58 us cold): each loop's start asked for it; now the first does."""
+    from stepwatch._dataloader import find
+
+    reads = []
+    monkeypatch.setattr(find, "_cores", None)
+    monkeypatch.setattr(find.os, "cpu_count", lambda: reads.append(1) or 7)
+    sw = Stopwatch()
+    sw.enable()
+    loader = DataLoader(range(8), batch_size=4)
+    for _ in range(3):  # three epochs, each a loop's start
+        for _ in sw.watch(loader):
+            pass
+    assert len(reads) == 1
+    assert sw.summary().metadata["loaders"]["train"]["cpu_count"] == 7
+
+
 def test_the_configuration_is_read_through_wrappers_and_loaders_of_loaders() -> None:
     """Accelerate's DataLoaderShard (which forwards every attribute to its base_dataloader) and Lightning's
     CombinedLoader holding one DataLoader give that DataLoader's configuration; several loaders give none."""
