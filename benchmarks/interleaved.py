@@ -53,9 +53,10 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from auto import build, code_hash, earlier_runs, verdict  # this script's folder, first on sys.path
 from footprint import build_floor
@@ -116,23 +117,6 @@ class Steps:
             self.optimizer.zero_grad()
         return clock() - start, fetched - start
 
-    def floor(self, batches: Iterator[Any]) -> tuple[int, int]:
-        """By hand's step timed by the floor (``floor.timed``: the same bytecode as ``stepwatch.timed``)."""
-        start = clock()
-        x, y = next(batches)
-        fetched = clock()
-        with floor.timed("forward"):
-            out = self.model(x)
-        with floor.timed("loss"):
-            loss = self.criterion(out, y)
-        with floor.timed("backward"):
-            loss.backward()
-        with floor.timed("optimizer"):
-            self.optimizer.step()
-        with floor.timed("zero_grad"):
-            self.optimizer.zero_grad()
-        return clock() - start, fetched - start
-
     def known(self, batches: Iterator[Any]) -> tuple[int, int]:
         """The plain step, then a wait of ``KNOWN_NS`` on the clock, counted with it."""
         step, fetch = self.plain(batches)
@@ -174,8 +158,15 @@ def way_loop(way: str, loader: DataLoader[Any], steps: Steps) -> tuple[Iterator[
     if way == "ten us known":
         return iter(loader), steps.known
     if way == "floor":
-        return floor.watch(loader), steps.floor
+        return floor.watch(loader), floor_step(steps)
     return iter(loader), steps.locked if way == "five with lock" else steps.plain
+
+
+def floor_step(steps: Steps) -> Callable[..., tuple[int, int]]:
+    """By hand's step with ``floor`` where it names ``stepwatch``: the same code object (the same bytecode, so only
+    the timing differs), run with globals in which ``stepwatch.timed`` is ``floor.timed``."""
+    step = types.FunctionType(Steps.timed.__code__, {**globals(), "stepwatch": floor}, "floor")
+    return cast(Callable[..., tuple[int, int]], step.__get__(steps))
 
 
 def rounds(fillers: int, run_length: int, order: random.Random) -> Iterator[list[str]]:
