@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ._block_base import SPEEDUPS
 from ._constants import DEFAULT_PHASE
 from ._schedule import as_count
 from ._tree import DROPPED
@@ -145,9 +146,7 @@ def batch_counter(self: Stopwatch, phase: Phase, fallback: Callable[[int], None]
     does not look for the phase and hands every other case to ``fallback``)."""
     if add_samples is python_add_samples:  # not compiled
         return fallback
-    from ._speedups import count_batch  # type: ignore[import-not-found,unused-ignore]
-
-    return functools.partial(count_batch, self.stacks, phase, fallback)
+    return functools.partial(SPEEDUPS.count_batch, self.stacks, phase, fallback)
 
 
 def counter(self: Stopwatch) -> Callable[..., None]:

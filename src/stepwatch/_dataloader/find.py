@@ -44,11 +44,7 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
     loader = inner_loader(loader)
     if loader is None or not all(hasattr(loader, name) for name in ("num_workers", "collate_fn", "dataset")):
         return None
-    import multiprocessing
-
     workers = getattr(loader, "num_workers", 0)
-    context = getattr(loader, "multiprocessing_context", None)
-    method = getattr(context, "_name", None) or (context if isinstance(context, str) else None)
     batch_size = getattr(loader, "batch_size", None)
     torch = sys.modules.get("torch")  # never imported here: a loader means it already is
     threads = torch.get_num_threads() if torch is not None and hasattr(torch, "get_num_threads") else None
@@ -60,10 +56,19 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
         "dataset": "iterable" if "IterableDataset" in kinds else "map",
-        "start_method": (method or multiprocessing.get_start_method(allow_none=True) or "default") if workers else None,
+        "start_method": start_method(loader) if workers else None,
         "torch_threads": int(threads) if threads is not None else None,
         "cpu_count": cores(),
     }
+
+
+def start_method(loader: Any) -> str:
+    """How the loader's workers start: its own context's method, else the program's (``default``: not yet set)."""
+    import multiprocessing
+
+    context = getattr(loader, "multiprocessing_context", None)
+    method = getattr(context, "_name", None) or (context if isinstance(context, str) else None)
+    return method or multiprocessing.get_start_method(allow_none=True) or "default"
 
 
 _cores: int | None = None

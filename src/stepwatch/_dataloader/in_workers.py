@@ -251,11 +251,20 @@ class TimedGetItems:
         return samples
 
 
+_IterableDataset: Any = None
+
+
+def _iterable_dataset() -> Any:
+    """torch's ``IterableDataset``, imported once a process (an import statement at every loop's start: cold code)."""
+    global _IterableDataset
+    if _IterableDataset is None:
+        from torch.utils.data import IterableDataset as _IterableDataset
+    return _IterableDataset
+
+
 def dataset_timing(dataset: Any, stopwatch: Stopwatch | None) -> TimedGetItems | None:
     """The wrapper that times a map-style dataset's samples (None for iterable datasets)."""
-    from torch.utils.data import IterableDataset
-
-    if isinstance(dataset, IterableDataset) or not hasattr(type(dataset), "__getitem__"):
+    if isinstance(dataset, _iterable_dataset()) or not hasattr(type(dataset), "__getitem__"):
         return None
     inner = getattr(dataset, "__getitems__", None) or None
     if inner is not None and _per_sample_subset(dataset):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _default_instance
-from .._block_base import COMPILED
+from .._block_base import COMPILED, SPEEDUPS
 from .in_workers import TimedCollate, TimedGetItems, in_worker
 
 
@@ -40,13 +40,23 @@ class TimedReads:
     def install(iterator: Any, wrapper: TimedGetItems) -> bool:
         """Times the reads of a single-process DataLoader iterator whose fetcher batches a map-style dataset
         (torch's own fetcher, read by attribute); False where it is another kind."""
-        from torch.utils.data._utils.fetch import _MapDatasetFetcher
-
-        fetcher = getattr(iterator, "_dataset_fetcher", None)
-        if type(fetcher) is not _MapDatasetFetcher or not fetcher.auto_collation:
+        fetcher: Any = getattr(iterator, "_dataset_fetcher", None)
+        if type(fetcher) is not _map_fetcher() or not fetcher.auto_collation:
             return False
         fetcher.dataset = TimedReads(fetcher.dataset, wrapper)
         return True
+
+
+_MapDatasetFetcher: Any = None
+
+
+def _map_fetcher() -> Any:
+    """torch's fetcher of map-style datasets, imported once a process (an import statement runs about 15 us of cold
+    code at a loop's start)."""
+    global _MapDatasetFetcher
+    if _MapDatasetFetcher is None:
+        from torch.utils.data._utils.fetch import _MapDatasetFetcher
+    return _MapDatasetFetcher
 
 
 def default_reads(wrapper: TimedGetItems) -> Callable[[Any], Any]:
@@ -55,9 +65,7 @@ def default_reads(wrapper: TimedGetItems) -> Callable[[Any], Any]:
     stopwatch = _default_instance.stopwatch
     if not COMPILED or wrapper.inner is not None:
         return functools.partial(wrapper.read, stopwatch)
-    from .._speedups import read_samples  # type: ignore[import-not-found,unused-ignore]
-
-    return functools.partial(read_samples, wrapper.read, stopwatch.timed("dataset"), wrapper.dataset, read_all)
+    return functools.partial(SPEEDUPS.read_samples, wrapper.read, stopwatch.timed("dataset"), wrapper.dataset, read_all)
 
 
 def read_all(dataset: Any, indices: Iterator[Any]) -> list[Any]:
@@ -77,9 +85,7 @@ def install_collate(iterator: Any) -> bool:
         return False
     if collate._stopwatch is not None and collate._stopwatch is not default:
         return False
-    from .._speedups import collate_samples  # type: ignore[import-not-found,unused-ignore]
-
-    fetcher.collate_fn = functools.partial(collate_samples, collate, default.timed("collate"))
+    fetcher.collate_fn = functools.partial(SPEEDUPS.collate_samples, collate, default.timed("collate"))
     return True
 
 
@@ -94,15 +100,13 @@ def install_fetch(iterator: Any) -> bool:
     collate: Any = getattr(fetcher, "collate_fn", None)
     if type(timed_reads) is not TimedReads or not COMPILED:
         return False
-    from .._speedups import collate_samples, fetch_batch, read_samples  # type: ignore[import-not-found,unused-ignore]
-
     reads: Any = timed_reads.__getitems__
-    if not _bound(reads, read_samples, 4) or not _bound(collate, collate_samples, 2):
+    if not _bound(reads, SPEEDUPS.read_samples, 4) or not _bound(collate, SPEEDUPS.collate_samples, 2):
         return False
     _, dataset_block, dataset, read_all = reads.args
     timed_collate, collate_block = collate.args
     spec = (reads, dataset_block, dataset, read_all, timed_collate, collate_block)
-    fetcher.fetch = functools.partial(fetch_batch, spec)
+    fetcher.fetch = functools.partial(SPEEDUPS.fetch_batch, spec)
     return True
 
 
