@@ -342,6 +342,41 @@ def test_the_machine_s_cores_are_read_once_a_process(monkeypatch: pytest.MonkeyP
     assert sw.summary().metadata["loaders"]["train"]["cpu_count"] == 7
 
 
+def test_a_loop_s_start_runs_no_import_statement_of_stepwatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An import statement of a module already imported still runs the import machinery: about 15 us of cold code
+    at a loop's start each (the model's work has left it cold). After a process's first loop, a loop's start (the
+    stopwatch switched on again, watch(), the first batch and step) runs none of stepwatch's."""
+    import builtins
+
+    loader = DataLoader(list(range(16)), batch_size=4)
+
+    def one_run() -> None:
+        stepwatch.enable()
+        try:
+            for _ in stepwatch.watch(loader):
+                with stepwatch.timed("forward"):
+                    pass
+        finally:
+            stepwatch.disable()
+
+    one_run()  # the process's first loop: what is imported once a process is
+    seen: list[str] = []
+    real_import = builtins.__import__
+
+    def counting_import(name: str, globals: dict | None = None, *args: object, **kwargs: object) -> object:
+        if (globals or {}).get("__name__", "").startswith("stepwatch"):
+            seen.append(f"{globals['__name__']}: {name}")  # type: ignore[index]
+        return real_import(name, globals, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", counting_import)
+    one_run()
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    stages = stepwatch.summary().phases["train"].stages
+    stepwatch.reset()
+    assert seen == []
+    assert stages["first_batch/dataset"].calls + stages["loader/dataset"].calls == 16 * 2  # both runs' reads timed
+
+
 def test_the_configuration_is_read_through_wrappers_and_loaders_of_loaders() -> None:
     """Accelerate's DataLoaderShard (which forwards every attribute to its base_dataloader) and Lightning's
     CombinedLoader holding one DataLoader give that DataLoader's configuration; several loaders give none."""
