@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._counters import batch_counter, count_batch_samples
-from ._dataloader.in_workers import unwrapped
+from ._dataloader.in_workers import imported, unwrapped
 
 if TYPE_CHECKING:
     from ._recorder import Stopwatch
@@ -35,21 +35,15 @@ def batch_size(batch: Any, depth: int = 0) -> int | None:
     return None
 
 
-_default_collate: Any = None  # torch's, once ``uniform_batches`` has imported it
-
-
 def uniform_batches(loader: Any) -> tuple[int | None, int]:
     """For a DataLoader that batches with torch's own batch sampler and collate function: its batch size and how
     many full batches an epoch has (every batch but a short last one holds ``batch_size`` samples, so the loop
     need not look into them); ``(None, 0)`` otherwise. A collate function wrapped by ``watch()`` is the loader's
     own underneath."""
-    global _default_collate
     try:
-        if _default_collate is None:  # (an import statement at every loop's start: 15 us of cold code)
-            from torch.utils.data import default_collate as _default_collate
-
         size = loader.batch_size
-        if not isinstance(size, int) or size < 1 or unwrapped(loader.collate_fn) is not _default_collate:
+        default_collate = imported("torch.utils.data", "default_collate")
+        if not isinstance(size, int) or size < 1 or unwrapped(loader.collate_fn) is not default_collate:
             return None, 0
         return size, len(loader.sampler) // size
     except Exception:  # a loader of any kind: no shortcut

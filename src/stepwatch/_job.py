@@ -51,9 +51,9 @@ def is_rank_zero() -> bool:
 def rank_info() -> dict[str, int] | None:
     """``{"rank", "local_rank", "world_size"}`` of this process, or None outside a distributed job. After
     ``destroy_process_group`` the job seen while the group was up still tells."""
-    dist: Any = sys.modules.get("torch.distributed")
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
+        if _group_up():
+            dist: Any = sys.modules["torch.distributed"]
             rank, world = int(dist.get_rank()), int(dist.get_world_size())
             local = _env_int("LOCAL_RANK")
             info = {"rank": rank, "local_rank": rank if local is None else local, "world_size": world}

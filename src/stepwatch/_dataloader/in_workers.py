@@ -12,6 +12,7 @@ With ``num_workers=0`` everything runs in the main process and is recorded direc
 
 from __future__ import annotations
 
+import importlib
 import operator
 import os
 import time
@@ -251,20 +252,23 @@ class TimedGetItems:
         return samples
 
 
-_IterableDataset: Any = None
+_imported: dict[tuple[str, str], Any] = {}
 
 
-def _iterable_dataset() -> Any:
-    """torch's ``IterableDataset``, imported once a process (an import statement at every loop's start: cold code)."""
-    global _IterableDataset
-    if _IterableDataset is None:
-        from torch.utils.data import IterableDataset as _IterableDataset
-    return _IterableDataset
+def imported(module: str, name: str) -> Any:
+    """``from <module> import <name>`` (torch's, at a loop's start), run once a process: an import statement of a
+    module long imported still runs the import machinery, about 15 us of cold code where the model's work left it."""
+    try:
+        return _imported[module, name]
+    except KeyError:
+        value = _imported[module, name] = getattr(importlib.import_module(module), name)
+        return value
 
 
 def dataset_timing(dataset: Any, stopwatch: Stopwatch | None) -> TimedGetItems | None:
     """The wrapper that times a map-style dataset's samples (None for iterable datasets)."""
-    if isinstance(dataset, _iterable_dataset()) or not hasattr(type(dataset), "__getitem__"):
+    iterable = imported("torch.utils.data", "IterableDataset")
+    if isinstance(dataset, iterable) or not hasattr(type(dataset), "__getitem__"):
         return None
     inner = getattr(dataset, "__getitems__", None) or None
     if inner is not None and _per_sample_subset(dataset):

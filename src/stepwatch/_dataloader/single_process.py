@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import _default_instance
 from .._block_base import COMPILED, SPEEDUPS
-from .in_workers import TimedCollate, TimedGetItems, in_worker
+from .in_workers import TimedCollate, TimedGetItems, imported, in_worker
 
 
 class TimedReads:
@@ -41,22 +41,11 @@ class TimedReads:
         """Times the reads of a single-process DataLoader iterator whose fetcher batches a map-style dataset
         (torch's own fetcher, read by attribute); False where it is another kind."""
         fetcher: Any = getattr(iterator, "_dataset_fetcher", None)
-        if type(fetcher) is not _map_fetcher() or not fetcher.auto_collation:
+        map_fetcher = imported("torch.utils.data._utils.fetch", "_MapDatasetFetcher")
+        if type(fetcher) is not map_fetcher or not fetcher.auto_collation:
             return False
         fetcher.dataset = TimedReads(fetcher.dataset, wrapper)
         return True
-
-
-_MapDatasetFetcher: Any = None
-
-
-def _map_fetcher() -> Any:
-    """torch's fetcher of map-style datasets, imported once a process (an import statement runs about 15 us of cold
-    code at a loop's start)."""
-    global _MapDatasetFetcher
-    if _MapDatasetFetcher is None:
-        from torch.utils.data._utils.fetch import _MapDatasetFetcher
-    return _MapDatasetFetcher
 
 
 def default_reads(wrapper: TimedGetItems) -> Callable[[Any], Any]:
