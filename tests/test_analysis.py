@@ -326,7 +326,10 @@ def test_the_loader_configuration_is_recorded() -> None:
 
 
 def test_the_machine_s_cores_are_read_once_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``os.cpu_count()`` reads a file of /sys (58 us cold): each loop's start asked for it; now the first does."""
+    """``os.cpu_count()`` reads a file of /sys (58 us cold): each loop's start asked for it; now the first does, and
+    the run's metadata and the tuning's plan take the same reading."""
+    from stepwatch._tune_plan import plan
+    from stepwatch._tuning import Setting
     from stepwatch._dataloader import find
 
     reads = []
@@ -338,8 +341,10 @@ def test_the_machine_s_cores_are_read_once_a_process(monkeypatch: pytest.MonkeyP
     for _ in range(3):  # three epochs, each a loop's start
         for _ in sw.watch(loader):
             pass
+    metadata = sw.summary().metadata
+    assert metadata["cpu_count"] == metadata["loaders"]["train"]["cpu_count"] == 7
+    next(plan(Setting(0), map_style=True))
     assert len(reads) == 1
-    assert sw.summary().metadata["loaders"]["train"]["cpu_count"] == 7
 
 
 def test_a_loop_s_start_runs_no_import_statement_of_stepwatch(monkeypatch: pytest.MonkeyPatch) -> None:

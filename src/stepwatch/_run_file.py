@@ -16,6 +16,7 @@ from importlib import metadata as importlib_metadata
 from typing import TYPE_CHECKING, Any
 
 from . import _block_base, _default_instance
+from ._dataloader.find import cores
 from ._schema import check_run, printable
 from ._self_cost import block_ns
 from ._summary import Summary
@@ -71,7 +72,7 @@ def build_metadata(stopwatch: Stopwatch) -> dict[str, Any]:
         "torch": package_version("torch"),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "cpu_count": os.cpu_count(),
+        "cpu_count": cores(),
         "started_at": None if started is None else _iso(started),
         "devices": stopwatch.devices(),
         "config": {

@@ -6,10 +6,10 @@ trials of known times.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator
 from dataclasses import replace
 
+from ._dataloader.find import cores
 from ._tuning import Setting, Trial, Tuning
 
 CONFIRMATIONS = 3
@@ -46,8 +46,8 @@ def plan(
     and the best are run once more, and where the setting ``conclude`` will recommend (another best, or the
     original where the best's runs did not beat it) has a persistent variant not run yet, that is run too: its
     steps pool with the choice's, and a setting they leave faster beyond the noise is confirmed in turn."""
-    cores = os.cpu_count() or 1
-    limit = max_workers if max_workers is not None else cores
+    cpus = cores() or 1
+    limit = max_workers if max_workers is not None else cpus
     best = yield original
     history = [best]
     tried = {original}
@@ -57,7 +57,7 @@ def plan(
         if workers > limit:
             if extended or best.setting.num_workers != limit or not _waiting(best):
                 break
-            limit, extended = 2 * cores + 2, True  # the best workers still leave the loop waiting: more than cores
+            limit, extended = 2 * cpus + 2, True  # the best workers still leave the loop waiting: more than cores
         setting = Setting(workers)
         if setting in tried:
             continue
