@@ -192,7 +192,9 @@ def main() -> None:
     for way in ways:  # warm every path once
         run(way)
     times: dict[str, list[Run]] = {way: [] for way in ways}
-    shuffle = random.Random(0).shuffle
+    # each sitting its own orders (seeded with the sittings before it, the first's as before): with one seed for
+    # all, every sitting ran the same 80 orders, and pooling them never evened out what those left unbalanced
+    shuffle = random.Random(sittings).shuffle
     for _ in range(args.repeats):
         order = list(ways)
         shuffle(order)  # in a fixed order, whatever runs after a stepwatch run was 0.7% slower or faster
