@@ -328,9 +328,9 @@ def test_the_loader_configuration_is_recorded() -> None:
 def test_the_machine_s_cores_are_read_once_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """``os.cpu_count()`` reads a file of /sys (58 us cold): each loop's start asked for it; now the first does, and
     the run's metadata and the tuning's plan take the same reading."""
+    from stepwatch._dataloader import find
     from stepwatch._tune_plan import plan
     from stepwatch._tuning import Setting
-    from stepwatch._dataloader import find
 
     reads = []
     monkeypatch.setattr(find, "_cores", None)
